@@ -1,0 +1,33 @@
+# Two entry points for a fresh machine (see README.md):
+#   make demo  - create .venv, install, run the main job on the embedded SQLite default
+#   make test  - create .venv, install, run lint, types and the whole test suite
+# Both create the virtual environment and install themselves when needed.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint campaign bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" sh examples/demo.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+campaign: $(STAMP)
+	$(BIN)/python -m pytest -q -m campaign tests/campaigns
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache demo-work

@@ -1,0 +1,139 @@
+"""The one canonical encoder (R4) and the strict JSON reader for inputs.
+
+``canonical_bytes`` produces the bytes of every digested fact: orjson with
+sorted keys, UTF-8, no floats, integers within the signed 64-bit range, and
+only JSON types (dict with str keys, list, str, int, bool, None). Anything
+else is a programming or input error and raises ``InvalidInput`` naming the
+path of the offending value.
+
+``parse_json`` reads operator input (manifests, ``pack.json``, legacy
+records) and rejects what a lenient parser would silently accept: duplicate
+keys, floats, NaN/Infinity, out-of-range integers and absurd nesting.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from domain.errors import InvalidInput
+
+INT_MIN = -(2**63)
+INT_MAX = 2**63 - 1
+MAX_DEPTH = 64
+
+JsonValue = Any
+
+
+def check_canonical(value: object, path: str = "$", depth: int = 0) -> None:
+    """Raise ``InvalidInput`` unless ``value`` is canonically encodable."""
+    if depth > MAX_DEPTH:
+        raise InvalidInput(f"{path} is nested deeper than {MAX_DEPTH}", field=path, rule="R4")
+    if value is None or value is True or value is False:
+        return
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(f"{path} is not valid UTF-8", field=path, rule="R4") from None
+        return
+    if isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            raise InvalidInput(
+                f"{path} is outside the signed 64-bit integer range", field=path, rule="R4"
+            )
+        return
+    if isinstance(value, float):
+        raise InvalidInput(f"{path} is a float; floats are not canonical", field=path, rule="R4")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidInput(f"{path} has a non-string key", field=path, rule="R4")
+            check_canonical(key, f"{path}.<key>", depth + 1)
+            check_canonical(item, f"{path}.{key}", depth + 1)
+        return
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            check_canonical(item, f"{path}[{index}]", depth + 1)
+        return
+    raise InvalidInput(
+        f"{path} has type {type(value).__name__}, which is not canonical JSON",
+        field=path,
+        rule="R4",
+    )
+
+
+def canonical_bytes(value: object) -> bytes:
+    """The canonical bytes of ``value`` (sorted keys, compact, UTF-8)."""
+    check_canonical(value)
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def canonical_bytes_trusted(value: object) -> bytes:
+    """Canonical bytes of a value built by this code from validated parts.
+
+    Skips the Python-level walk (orjson still rejects non-JSON types); use only
+    where every leaf was validated on the way in, e.g. events and snapshots.
+    """
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+class _Reject(ValueError):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Reject(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_float(text: str) -> Any:
+    raise _Reject(f"float {text} is not allowed (use an integer or a string)")
+
+
+def _no_constant(text: str) -> Any:
+    raise _Reject(f"{text} is not allowed")
+
+
+def _int(text: str) -> int:
+    if len(text) > 20:
+        raise _Reject("integer outside the signed 64-bit range")
+    value = int(text)
+    if not INT_MIN <= value <= INT_MAX:
+        raise _Reject("integer outside the signed 64-bit range")
+    return value
+
+
+def parse_json(data: bytes | str, *, source: str) -> JsonValue:
+    """Parse operator input strictly; errors name ``source`` as the field."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"{source} is not valid UTF-8 (byte {exc.start})", field=source
+        ) from None
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_pairs,
+            parse_float=_no_float,
+            parse_int=_int,
+            parse_constant=_no_constant,
+        )
+    except _Reject as exc:
+        raise InvalidInput(f"{source}: {exc}", field=source) from None
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            field=source,
+        ) from None
+    except RecursionError:
+        raise InvalidInput(f"{source} is nested too deeply", field=source) from None
+    check_canonical(value, path=source)
+    return value

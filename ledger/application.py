@@ -1,0 +1,71 @@
+"""The ``eventsourcing`` application wired to this project's recorder and transcoder.
+
+``eventsourcing`` supplies aggregates, the repository and the mapper (with
+upcasting); this module swaps in the hash-chained ``LedgerRecorder`` and the
+canonical ``OrjsonTranscoder``. ``save(..., fence=..., precommit=...)``
+passes the read fence and the terminal check straight to the append
+transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.application import Application
+from eventsourcing.persistence import (
+    AggregateRecorder,
+    ApplicationRecorder,
+    InfrastructureFactory,
+    ProcessRecorder,
+    TrackingRecorder,
+    Transcoder,
+)
+from eventsourcing.utils import Environment
+
+from ledger.db import Database
+from ledger.recorder import InlineHook, LedgerRecorder
+from ledger.transcoder import OrjsonTranscoder
+
+
+class LedgerFactory(InfrastructureFactory[TrackingRecorder]):
+    """Builds the one recorder of a store; tracking is done by projections instead."""
+
+    def __init__(self, env: Environment, recorder: LedgerRecorder) -> None:
+        super().__init__(env)
+        self._recorder = recorder
+
+    def transcoder(self) -> Transcoder:
+        return OrjsonTranscoder()
+
+    def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
+        return self._recorder
+
+    def application_recorder(self) -> ApplicationRecorder:
+        return self._recorder
+
+    def tracking_recorder(
+        self, tracking_recorder_class: type[TrackingRecorder] | None = None
+    ) -> TrackingRecorder:
+        raise NotImplementedError("projections track their position in their own tables")
+
+    def process_recorder(self) -> ProcessRecorder:
+        raise NotImplementedError("projections track their position in their own tables")
+
+
+class LedgerApplication(Application[UUID]):
+    """An ``eventsourcing`` application over the hash-chained log."""
+
+    name = "CatalogLedger"
+
+    def __init__(self, db: Database, inline_hooks: Sequence[InlineHook] = ()) -> None:
+        self.db = db
+        self.ledger_recorder = LedgerRecorder(db, inline_hooks)
+        super().__init__(env={"AGGREGATE_CACHE_MAXSIZE": ""})
+
+    def construct_factory(self, env: Environment) -> InfrastructureFactory[Any]:
+        return LedgerFactory(env, self.ledger_recorder)
+
+    def construct_transcoder(self) -> Transcoder:
+        return OrjsonTranscoder()

@@ -1,0 +1,260 @@
+"""The ``catalog-ledger`` command line.
+
+Conventions (DESIGN "CLI conventions"): ``--db`` is global and comes before
+the command; every command takes ``--json`` after its name and then prints
+exactly one JSON document on stdout, result or error. Exit codes: 0 ok,
+1 store unavailable or internal error, 2 usage, 3 invalid input, 4 conflict,
+5 fail-closed authority, 6 integrity. ``main`` is the only entry point and it
+turns every failure into one of those codes; no traceback reaches a user
+unless ``CATALOG_LEDGER_DEBUG=1`` asks for it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+from domain.errors import LedgerError, UsageError
+from ledger.db import Database, open_database, resolve_url
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Context:
+    """Per-invocation state: the URL and a lazily opened store."""
+
+    url: str
+    _db: Database | None = field(default=None, repr=False)
+
+    def db(self) -> Database:
+        if self._db is None:
+            self._db = open_database(self.url)
+        return self._db
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+
+
+def json_option(func: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print exactly one JSON document on stdout."
+    )(func)
+
+
+def emit(as_json: bool, document: Any, human: Callable[[], None]) -> None:
+    """Print a result as JSON or through the human renderer."""
+    if as_json:
+        sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        human()
+
+
+def _ctx() -> Context:
+    obj = click.get_current_context().find_object(Context)
+    assert obj is not None
+    return obj
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--db",
+    "db_url",
+    metavar="URL",
+    default=None,
+    help="Store URL (default: $CATALOG_LEDGER_DB or sqlite:///catalog.db). "
+    "Examples: sqlite:///catalog.db, mysql+pymysql://root@127.0.0.1:3306/test",
+)
+@click.version_option(package_name="catalog-ledger")
+@click.pass_context
+def cli(ctx: click.Context, db_url: str | None) -> None:
+    """Catalog Ledger: an event-sourced catalog publication store."""
+    obj = Context(url=resolve_url(db_url))
+    ctx.obj = obj
+    ctx.call_on_close(obj.close)
+
+
+@cli.command()
+@json_option
+def init(as_json: bool) -> None:
+    """Create the schema (idempotent) and print the engine and schema version."""
+    from ledger.store import init_store
+
+    info = init_store(_ctx().db())
+    document = {
+        "engine": info.engine,
+        "server_version": info.server_version,
+        "schema_version": info.schema_version,
+        "head_position": info.head_position,
+        "created": info.created,
+        "db": _ctx().db().display_url,
+    }
+
+    def human() -> None:
+        verb = "created" if info.created else "already initialized"
+        click.echo(f"{_ctx().db().display_url}: {verb}")
+        click.echo(f"engine: {info.engine} ({info.server_version})")
+        click.echo(f"schema version: {info.schema_version}")
+        click.echo(f"log head: {info.head_position}")
+
+    emit(as_json, document, human)
+
+
+@cli.command()
+@click.option(
+    "--from",
+    "from_position",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="First position to show.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1, max=100_000),
+    default=50,
+    show_default=True,
+    help="Most rows to show.",
+)
+@json_option
+def log(from_position: int, limit: int, as_json: bool) -> None:
+    """Show log rows: position, topic, aggregate id, version, event_id, chain."""
+    from ledger.recorder import LedgerRecorder
+    from ledger.store import require_schema
+
+    db = _ctx().db()
+    require_schema(db)
+    recorder = LedgerRecorder(db)
+    with db.read() as conn:
+        head = recorder.head_in(conn)
+        rows = recorder.read_rows(conn, after=from_position - 1, limit=limit)
+    events = [
+        {
+            "position": r.position,
+            "topic": r.topic,
+            "aggregate_id": str(r.aggregate_id),
+            "version": r.version,
+            "event_id": r.event_id.hex(),
+            "chain": r.chain.hex(),
+        }
+        for r in rows
+    ]
+    document = {"head": {"position": head.position, "chain": head.chain.hex()}, "events": events}
+
+    def human() -> None:
+        click.echo(f"log head: position {head.position}, chain {head.chain.hex()}")
+        for e in events:
+            click.echo(
+                f"{e['position']:>8}  {e['topic']}  {e['aggregate_id']} v{e['version']}"
+                f"  event_id={e['event_id']}  chain={e['chain']}"
+            )
+
+    emit(as_json, document, human)
+
+
+@cli.group("schema")
+def schema_group() -> None:
+    """Generated schema artifacts."""
+
+
+@schema_group.command("dump")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("schema"),
+    show_default=True,
+    help="Folder to write sqlite.sql and mysql.sql into.",
+)
+@click.option(
+    "--stdout",
+    "dialect",
+    type=click.Choice(["sqlite", "mysql"]),
+    default=None,
+    help="Print one dialect's DDL instead of writing files.",
+)
+@json_option
+def schema_dump(out: Path, dialect: str | None, as_json: bool) -> None:
+    """Write the DDL of every table for SQLite and the MySQL family."""
+    from ledger.store import ddl
+
+    if dialect is not None:
+        text = ddl(dialect)
+        emit(as_json, {"dialect": dialect, "ddl": text}, lambda: click.echo(text, nl=False))
+        return
+    written = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("sqlite", "mysql"):
+            path = out / f"{name}.sql"
+            path.write_text(ddl(name), encoding="utf-8")
+            written.append(str(path))
+    except OSError as exc:
+        raise UsageError(f"cannot write schema files: {exc}", field="out") from None
+    emit(as_json, {"written": written}, lambda: click.echo("\n".join(written)))
+
+
+def register(command: click.Command) -> None:
+    """Let later modules add commands without this file importing them eagerly."""
+    cli.add_command(command)
+
+
+def _report(error: LedgerError, as_json: bool) -> int:
+    if as_json:
+        sys.stdout.write(orjson.dumps(error.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        click.echo(f"error [{error.code}]: {error.message}", err=True)
+        for key, value in error.details.items():
+            click.echo(f"  {key}: {value}", err=True)
+    return error.exit_code
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run the CLI with ``argv`` and return the exit code (never raises)."""
+    args = list(argv)
+    as_json = "--json" in args
+    try:
+        result = cli.main(args=args, prog_name="catalog-ledger", standalone_mode=False)
+    except click.UsageError as exc:
+        message = exc.format_message()
+        if as_json:
+            return _report(UsageError(message), True)
+        if exc.ctx is not None:
+            click.echo(exc.ctx.get_usage(), err=True)
+        click.echo(f"error [USAGE]: {message}", err=True)
+        return 2
+    except click.ClickException as exc:
+        return _report(UsageError(exc.format_message()), as_json)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except LedgerError as exc:
+        return _report(exc, as_json)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # the last line of defense: never show a traceback
+        if os.environ.get("CATALOG_LEDGER_DEBUG"):
+            traceback.print_exc()
+        internal = LedgerError(
+            f"internal error: {type(exc).__name__}: {exc}",
+            hint="set CATALOG_LEDGER_DEBUG=1 for a traceback and report it",
+        )
+        internal_code = _report(internal, as_json)
+        return internal_code
+    return result if isinstance(result, int) else 0
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(run(sys.argv[1:]))

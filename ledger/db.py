@@ -1,0 +1,244 @@
+"""Opening a store: URL handling, engine settings per dialect, error mapping.
+
+One code path serves SQLite (embedded default) and the MySQL family (MySQL 8,
+MariaDB 10.11, TiDB over PyMySQL). The differences live here and only here:
+
+* SQLite runs in WAL mode with ``synchronous=FULL`` (every commit is durable
+  on return). Write transactions start with ``BEGIN IMMEDIATE`` so the head
+  row lock is taken up front; read transactions start with a deferred
+  ``BEGIN`` and see one consistent snapshot.
+* MySQL-family write transactions run at READ COMMITTED behind
+  ``SELECT ... FOR UPDATE`` on the head row; read transactions run at
+  REPEATABLE READ, so every statement in one read sees the same snapshot.
+
+Every driver failure is translated into a typed ``LedgerError`` here, so no
+caller ever sees a driver exception or a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pymysql
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+
+from domain.errors import Conflict, InvalidInput, LedgerError, Unavailable
+
+DEFAULT_URL = "sqlite:///catalog.db"
+ENV_VAR = "CATALOG_LEDGER_DB"
+Dialect = Literal["sqlite", "mysql"]
+
+_BEGIN_OPTION = "catalog_ledger_begin"
+# MySQL / MariaDB error numbers that mean "another transaction won".
+_MYSQL_CONFLICTS = {1062, 1213, 1205}
+# MySQL / MariaDB client/server errors that mean "cannot reach or use the server".
+_MYSQL_UNAVAILABLE = {1044, 1045, 1049, 2002, 2003, 2005, 2006, 2013, 2055}
+
+
+def resolve_url(explicit: str | None) -> str:
+    """``--db`` wins, then ``CATALOG_LEDGER_DB``, then the SQLite default."""
+    return explicit or os.environ.get(ENV_VAR) or DEFAULT_URL
+
+
+def _normalize(url_text: str) -> tuple[URL, Dialect]:
+    try:
+        url = make_url(url_text)
+    except Exception:
+        raise InvalidInput(
+            "the database URL could not be parsed; expected sqlite:///PATH or "
+            "mysql+pymysql://USER@HOST:PORT/DATABASE",
+            field="db",
+        ) from None
+    backend = url.get_backend_name()
+    driver = url.get_driver_name() if "+" in url.drivername else ""
+    if backend == "sqlite" and driver in ("", "pysqlite"):
+        database = url.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            raise InvalidInput(
+                "an in-memory SQLite database is not a durable store; give a file path",
+                field="db",
+            )
+        return url.set(drivername="sqlite+pysqlite"), "sqlite"
+    if backend in ("mysql", "mariadb", "tidb") and driver in ("", "pymysql"):
+        if not url.database:
+            raise InvalidInput("the MySQL URL must name a database", field="db")
+        query = dict(url.query)
+        query.setdefault("charset", "utf8mb4")
+        return url.set(drivername="mysql+pymysql", query=query), "mysql"
+    raise InvalidInput(
+        f"unsupported database URL scheme {url.drivername!r}; use sqlite:/// or mysql+pymysql://",
+        field="db",
+    )
+
+
+@dataclass
+class Database:
+    """An opened store: the engines and the dialect-specific transaction rules.
+
+    On the MySQL family, writes and reads use two pools whose connections are
+    set once to READ COMMITTED and REPEATABLE READ respectively, so no
+    per-transaction ``SET`` round trip is needed on the hot path.
+    """
+
+    engine: Engine
+    dialect: Dialect
+    display_url: str
+    read_engine: Engine
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A write transaction; the caller locks the head row first."""
+        with translate_errors(), self.engine.connect() as raw:
+            conn = raw.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"}) if self.is_sqlite else raw
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """One consistent snapshot for every statement inside the block."""
+        with translate_errors(), self.read_engine.connect() as conn, conn.begin():
+            yield conn
+
+    def close(self) -> None:
+        self.engine.dispose()
+        if self.read_engine is not self.engine:
+            self.read_engine.dispose()
+
+
+def open_database(url_text: str, *, pool_size: int = 5) -> Database:
+    """Open (but do not initialize) the store at ``url_text``."""
+    url, dialect = _normalize(url_text)
+    display = url.render_as_string(hide_password=True)
+    if dialect == "sqlite":
+        engine = _sqlite_engine(url)
+        return Database(engine=engine, dialect=dialect, display_url=display, read_engine=engine)
+
+    def mysql_engine(isolation: str) -> Engine:
+        return sa.create_engine(
+            url,
+            isolation_level=isolation,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_pre_ping=True,
+            pool_recycle=3600,
+            # Every transaction is ended explicitly (commit or rollback) by
+            # `write`/`read`, so the pool's extra ROLLBACK round trip is not needed.
+            pool_reset_on_return=None,
+            connect_args={"connect_timeout": 5, "read_timeout": 600, "write_timeout": 600},
+        )
+
+    return Database(
+        engine=mysql_engine("READ COMMITTED"),
+        dialect=dialect,
+        display_url=display,
+        read_engine=mysql_engine("REPEATABLE READ"),
+    )
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    path = url.database or ""
+    if not path.startswith("file:"):
+        parent = Path(path).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise Unavailable(
+                f"the directory {parent} does not exist", field="db", path=str(parent)
+            )
+    engine = sa.create_engine(url, connect_args={"timeout": 60}, pool_reset_on_return=None)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let this module, not the driver, decide where transactions begin.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA busy_timeout = 60000")
+            mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()
+            if mode and str(mode[0]).lower() != "wal":
+                raise Unavailable(f"SQLite refused WAL mode (got {mode[0]})", field="db")
+            cursor.execute("PRAGMA synchronous = FULL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get(_BEGIN_OPTION, "DEFERRED")
+        # Straight to the driver: this runs on every transaction.
+        conn.connection.dbapi_connection.execute(f"BEGIN {mode}")  # type: ignore[union-attr]
+
+    return engine
+
+
+def _root(exc: BaseException) -> BaseException:
+    orig = getattr(exc, "orig", None)
+    return orig if isinstance(orig, BaseException) else exc
+
+
+def translate(exc: BaseException) -> LedgerError:
+    """Map a driver or SQLAlchemy failure onto the typed errors of DESIGN.md."""
+    if isinstance(exc, LedgerError):
+        return exc
+    root = _root(exc)
+    if isinstance(root, sqlite3.Error):
+        text = str(root)
+        lowered = text.lower()
+        if "file is not a database" in lowered or "malformed" in lowered:
+            return InvalidInput(
+                f"the file is not a SQLite database: {text}", field="db", driver_error=text
+            )
+        if "locked" in lowered or "busy" in lowered:
+            return Conflict(f"the database is busy: {text}", driver_error=text)
+        if isinstance(root, sqlite3.IntegrityError):
+            return Conflict(f"a concurrent write won: {text}", driver_error=text)
+        if "no such table" in lowered:
+            return InvalidInput(
+                "the database has no Catalog Ledger schema; run `catalog-ledger init`",
+                field="db",
+                driver_error=text,
+            )
+        return Unavailable(f"SQLite could not be used: {text}", driver_error=text)
+    if isinstance(root, pymysql.err.MySQLError):
+        number = root.args[0] if root.args and isinstance(root.args[0], int) else None
+        text = str(root.args[1]) if len(root.args) > 1 else str(root)
+        if number in _MYSQL_CONFLICTS:
+            return Conflict(f"a concurrent write won: {text}", driver_error=text, errno=number)
+        if number == 1146:
+            return InvalidInput(
+                "the database has no Catalog Ledger schema; run `catalog-ledger init`",
+                field="db",
+                driver_error=text,
+            )
+        if number in _MYSQL_UNAVAILABLE or isinstance(
+            root, pymysql.err.OperationalError | pymysql.err.InterfaceError
+        ):
+            return Unavailable(
+                f"the MySQL server could not be used: {text}", driver_error=text, errno=number
+            )
+        return Unavailable(f"the MySQL server failed: {text}", driver_error=text, errno=number)
+    if isinstance(exc, sa.exc.TimeoutError):
+        return Unavailable(f"no database connection became free: {exc}")
+    if isinstance(exc, sa.exc.SQLAlchemyError | OSError):
+        return Unavailable(f"the database could not be used: {exc}")
+    raise exc
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """Re-raise driver failures as typed errors (typed errors pass through)."""
+    try:
+        yield
+    except LedgerError:
+        raise
+    except (sa.exc.SQLAlchemyError, sqlite3.Error, pymysql.err.MySQLError, OSError) as exc:
+        raise translate(exc) from exc

@@ -1,0 +1,429 @@
+"""The hash-chained application recorder (SQLAlchemy Core, SQLite + MySQL family).
+
+An ``eventsourcing`` ``ApplicationRecorder`` whose append transaction:
+
+1. locks the single head row (``BEGIN IMMEDIATE`` on SQLite,
+   ``SELECT ... FOR UPDATE`` on the MySQL family), so appends are serialized
+   and positions are gapless and commit-ordered on every engine;
+2. checks the read fence: every aggregate the command read (and every
+   aggregate it writes) must still be at the version the decision was made
+   on, otherwise the append fails with ``Conflict`` and nothing is written;
+3. runs the caller's ``precommit`` check against the locked current state
+   (R11: the terminal half of the preflight/terminal matrix);
+4. computes ``event_id`` and ``chain`` for each new row from the exact stored
+   bytes, inserts the rows, advances the head;
+5. runs the inline projection hooks in the same transaction (R8, R20).
+
+The notification id of ``eventsourcing`` is the log position.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import pymysql
+import sqlalchemy as sa
+from eventsourcing.persistence import (
+    ApplicationRecorder,
+    Notification,
+    StoredEvent,
+    Subscription,
+)
+from sqlalchemy.engine import Connection
+
+from domain.digests import ZERO_CHAIN, event_id, next_chain
+from domain.errors import Conflict, InvalidInput
+from domain.log import LoggedEvent
+from ledger import schema
+from ledger.db import Database, translate_errors
+
+Precommit = Callable[[Connection], None]
+InlineHook = Callable[[Connection, Sequence[LoggedEvent]], None]
+
+_FENCE_CHUNK = 400
+
+
+@dataclass(frozen=True)
+class Head:
+    position: int
+    chain: bytes
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    rows: list[LoggedEvent]
+    head: Head
+
+    @property
+    def positions(self) -> list[int]:
+        return [row.position for row in self.rows]
+
+
+def _uuid(value: UUID | str) -> UUID:
+    return value if isinstance(value, UUID) else UUID(value)
+
+
+class LedgerRecorder(ApplicationRecorder):
+    """Appends to and reads from the hash-chained log."""
+
+    def __init__(self, db: Database, inline_hooks: Sequence[InlineHook] = ()) -> None:
+        self.db = db
+        self.inline_hooks: list[InlineHook] = list(inline_hooks)
+        # The append path runs on the DBAPI cursor with SQL written once for both
+        # dialects (only the placeholder and the row-lock clause differ): it is the
+        # hot path, and SQLAlchemy's per-statement overhead would dominate it.
+        p = "?" if db.is_sqlite else "%s"
+        self._p = p
+        ev, hd = schema.events.name, schema.head.name
+        self._sql_lock_head = f"SELECT position, chain FROM {hd} WHERE id = 1" + (
+            "" if db.is_sqlite else " FOR UPDATE"
+        )
+        self._sql_insert = (
+            f"INSERT INTO {ev} (position, aggregate_id, version, topic, state, event_id, chain)"
+            f" VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p})"
+        )
+        self._sql_update_head = f"UPDATE {hd} SET position = {p}, chain = {p} WHERE id = 1"
+        self._sql_max_versions = (
+            f"SELECT aggregate_id, MAX(version) FROM {ev} WHERE aggregate_id IN ({{ids}})"
+            " GROUP BY aggregate_id"
+        )
+
+    # -- appending -----------------------------------------------------------------
+
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        """``eventsourcing`` entry point; ``fence`` and ``precommit`` are optional kwargs."""
+        result = self.append(
+            stored_events, fence=kwargs.get("fence"), precommit=kwargs.get("precommit")
+        )
+        return result.positions
+
+    def append(
+        self,
+        stored_events: Sequence[StoredEvent],
+        *,
+        fence: Mapping[UUID, int] | None = None,
+        precommit: Precommit | None = None,
+    ) -> AppendResult:
+        """Append atomically, or raise ``Conflict`` / a typed error and write nothing.
+
+        Written aggregates need no fence query: versions are consecutive, so a
+        stale write collides with the unique (aggregate id, version) index.
+        """
+        fenced = self._fence_versions(stored_events, fence or {})
+        with self.db.write() as conn:
+            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                cursor.execute(self._sql_lock_head)
+                locked = cursor.fetchone()
+                if locked is None:
+                    raise InvalidInput(
+                        "the log has no head row; run `catalog-ledger init`", field="db"
+                    )
+                start = Head(int(locked[0]), bytes(locked[1]))
+                self._check_fence(cursor, fenced)
+                if precommit is not None:
+                    precommit(conn)
+                rows = self._chain(stored_events, start.position, start.chain)
+                if rows:
+                    try:
+                        cursor.executemany(self._sql_insert, [_row_params(r) for r in rows])
+                    except (sqlite3.IntegrityError, pymysql.err.IntegrityError) as exc:
+                        raise Conflict(
+                            "an event with the same aggregate id and version already exists",
+                            rule="R11",
+                        ) from exc
+                    cursor.execute(self._sql_update_head, (rows[-1].position, rows[-1].chain))
+            finally:
+                cursor.close()
+            for hook in self.inline_hooks:
+                hook(conn, rows)
+        head = Head(rows[-1].position, rows[-1].chain) if rows else start
+        return AppendResult(rows=rows, head=head)
+
+    @staticmethod
+    def _fence_versions(
+        stored_events: Sequence[StoredEvent], fence: Mapping[UUID, int]
+    ) -> dict[bytes, int]:
+        """Aggregate bytes -> version it must still be at when the append commits."""
+        expected: dict[bytes, int] = {agg.bytes: version for agg, version in fence.items()}
+        next_version: dict[bytes, int] = {}
+        for stored in stored_events:
+            key = _uuid(stored.originator_id).bytes
+            version = stored.originator_version
+            if key in next_version:
+                if version != next_version[key]:
+                    raise Conflict(
+                        "events of one aggregate must have consecutive versions",
+                        aggregate_id=str(_uuid(stored.originator_id)),
+                    )
+            elif key in expected and expected[key] != version - 1:
+                raise Conflict(
+                    "state changed since it was read: the read fence and the written "
+                    "version disagree",
+                    aggregate_id=str(_uuid(stored.originator_id)),
+                    expected_version=expected[key],
+                    found_version=version - 1,
+                )
+            next_version[key] = version + 1
+        return expected
+
+    def _check_fence(self, cursor: Any, expected: Mapping[bytes, int]) -> None:
+        if not expected:
+            return
+        keys = list(expected)
+        for start in range(0, len(keys), _FENCE_CHUNK):
+            chunk = keys[start : start + _FENCE_CHUNK]
+            sql = self._sql_max_versions.format(ids=", ".join([self._p] * len(chunk)))
+            cursor.execute(sql, chunk)
+            current = {bytes(agg): int(ver) for agg, ver in cursor.fetchall()}
+            for key in chunk:
+                found = current.get(key, 0)
+                if found != expected[key]:
+                    raise Conflict(
+                        "state changed since it was read: the read fence moved",
+                        aggregate_id=str(UUID(bytes=key)),
+                        expected_version=expected[key],
+                        found_version=found,
+                    )
+
+    @staticmethod
+    def _chain(
+        stored_events: Sequence[StoredEvent], position: int, chain: bytes
+    ) -> list[LoggedEvent]:
+        rows: list[LoggedEvent] = []
+        for stored in stored_events:
+            position += 1
+            agg = _uuid(stored.originator_id)
+            eid = event_id(
+                agg.bytes, stored.originator_version, stored.topic.encode(), stored.state
+            )
+            chain = next_chain(chain, eid)
+            rows.append(
+                LoggedEvent(
+                    position=position,
+                    aggregate_id=agg,
+                    version=stored.originator_version,
+                    topic=stored.topic,
+                    state=stored.state,
+                    event_id=eid,
+                    chain=chain,
+                )
+            )
+        return rows
+
+    # -- reading -------------------------------------------------------------------
+
+    def head(self) -> Head:
+        with self.db.read() as conn:
+            return self.head_in(conn)
+
+    def head_in(self, conn: Connection) -> Head:
+        hd = schema.head
+        row = conn.execute(sa.select(hd.c.position, hd.c.chain).where(hd.c.id == 1)).one_or_none()
+        if row is None:
+            return Head(0, ZERO_CHAIN)
+        return Head(int(row[0]), bytes(row[1]))
+
+    def select_events(
+        self,
+        originator_id: UUID | str,
+        *,
+        gt: int | None = None,
+        lte: int | None = None,
+        desc: bool = False,
+        limit: int | None = None,
+    ) -> Sequence[StoredEvent]:
+        with self.db.read() as conn:
+            return self.select_events_in(
+                conn, _uuid(originator_id), gt=gt, lte=lte, desc=desc, limit=limit
+            )
+
+    def select_events_in(
+        self,
+        conn: Connection,
+        originator_id: UUID,
+        *,
+        gt: int | None = None,
+        lte: int | None = None,
+        desc: bool = False,
+        limit: int | None = None,
+    ) -> list[StoredEvent]:
+        ev = schema.events
+        query = sa.select(ev.c.version, ev.c.topic, ev.c.state).where(
+            ev.c.aggregate_id == originator_id.bytes
+        )
+        if gt is not None:
+            query = query.where(ev.c.version > gt)
+        if lte is not None:
+            query = query.where(ev.c.version <= lte)
+        query = query.order_by(ev.c.version.desc() if desc else ev.c.version)
+        if limit is not None:
+            query = query.limit(limit)
+        return [
+            StoredEvent(
+                originator_id=originator_id,
+                originator_version=int(version),
+                topic=bytes(topic).decode(),
+                state=bytes(state),
+            )
+            for version, topic, state in conn.execute(query)
+        ]
+
+    def current_version(self, conn: Connection, aggregate: UUID) -> int:
+        """The aggregate's latest version in the log (0 when it has no events)."""
+        ev = schema.events
+        found = conn.execute(
+            sa.select(sa.func.max(ev.c.version)).where(ev.c.aggregate_id == aggregate.bytes)
+        ).scalar()
+        return int(found or 0)
+
+    def select_notifications(
+        self,
+        start: int | None,
+        limit: int,
+        stop: int | None = None,
+        topics: Sequence[str] = (),
+        *,
+        inclusive_of_start: bool = True,
+    ) -> Sequence[Notification]:
+        ev = schema.events
+        query = sa.select(ev.c.position, ev.c.aggregate_id, ev.c.version, ev.c.topic, ev.c.state)
+        if start is not None:
+            query = query.where(
+                ev.c.position >= start if inclusive_of_start else ev.c.position > start
+            )
+        if stop is not None:
+            query = query.where(ev.c.position <= stop)
+        if topics:
+            query = query.where(ev.c.topic.in_([t.encode() for t in topics]))
+        query = query.order_by(ev.c.position).limit(limit)
+        with self.db.read() as conn:
+            return [
+                Notification(
+                    id=int(pos),
+                    originator_id=UUID(bytes=bytes(agg)),
+                    originator_version=int(ver),
+                    topic=bytes(topic).decode(),
+                    state=bytes(state),
+                )
+                for pos, agg, ver, topic, state in conn.execute(query)
+            ]
+
+    def max_notification_id(self) -> int | None:
+        position = self.head().position
+        return position or None
+
+    def subscribe(
+        self, gt: int | None = None, topics: Sequence[str] = ()
+    ) -> Subscription[ApplicationRecorder]:
+        return PollingSubscription(self, gt=gt, topics=topics)
+
+    def read_rows(
+        self, conn: Connection, *, after: int, upto: int | None = None, limit: int = 1000
+    ) -> list[LoggedEvent]:
+        """Stored rows with ``after < position <= upto``, in position order."""
+        ev = schema.events
+        query = sa.select(
+            ev.c.position,
+            ev.c.aggregate_id,
+            ev.c.version,
+            ev.c.topic,
+            ev.c.state,
+            ev.c.event_id,
+            ev.c.chain,
+        ).where(ev.c.position > after)
+        if upto is not None:
+            query = query.where(ev.c.position <= upto)
+        query = query.order_by(ev.c.position).limit(limit)
+        return [
+            LoggedEvent(
+                position=int(pos),
+                aggregate_id=UUID(bytes=bytes(agg)),
+                version=int(ver),
+                topic=bytes(topic).decode("utf-8", "replace"),
+                state=bytes(state),
+                event_id=bytes(eid),
+                chain=bytes(chain),
+            )
+            for pos, agg, ver, topic, state, eid, chain in conn.execute(query)
+        ]
+
+    def iter_rows(
+        self, *, after: int = 0, upto: int | None = None, batch: int = 5000
+    ) -> Iterator[LoggedEvent]:
+        """Stream the log in position order, one short read transaction per batch."""
+        position = after
+        while True:
+            with self.db.read() as conn:
+                rows = self.read_rows(conn, after=position, upto=upto, limit=batch)
+            if not rows:
+                return
+            yield from rows
+            position = rows[-1].position
+            if len(rows) < batch:
+                return
+
+
+def _row_params(row: LoggedEvent) -> tuple[Any, ...]:
+    return (
+        row.position,
+        row.aggregate_id.bytes,
+        row.version,
+        row.topic.encode(),
+        row.state,
+        row.event_id,
+        row.chain,
+    )
+
+
+class PollingSubscription(Subscription[ApplicationRecorder]):
+    """Follows the log from a position by polling; gapless positions need no gap logic."""
+
+    def __init__(
+        self,
+        recorder: LedgerRecorder,
+        gt: int | None = None,
+        topics: Sequence[str] = (),
+        *,
+        poll_interval: float = 0.2,
+        batch: int = 500,
+    ) -> None:
+        super().__init__(recorder=recorder, gt=gt, topics=topics)
+        self._ledger = recorder
+        self._poll_interval = poll_interval
+        self._batch = batch
+        self._buffer: list[Notification] = []
+        self._index = 0
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        super().stop()
+        self._stopped.set()
+
+    def __next__(self) -> Notification:
+        while self._index >= len(self._buffer):
+            if self._stopped.is_set():
+                raise StopIteration
+            with translate_errors():
+                batch = self._ledger.select_notifications(
+                    start=self._last_notification_id or 0,
+                    limit=self._batch,
+                    topics=self._topics,
+                    inclusive_of_start=False,
+                )
+            if batch:
+                self._buffer = list(batch)
+                self._index = 0
+                self._last_notification_id = batch[-1].id
+            else:
+                self._stopped.wait(self._poll_interval)
+        item = self._buffer[self._index]
+        self._index += 1
+        return item

@@ -1,0 +1,39 @@
+"""Column types shared by every table, so identity semantics are declared once.
+
+Identity columns are binary on every dialect (R3): ``VARBINARY`` on the MySQL
+family and ``BLOB`` on SQLite. Comparison, unique indexes and ``ORDER BY`` are
+then bytewise everywhere, whatever the server's default collation is. Text
+identities are stored as their UTF-8 bytes (see ``enc``/``dec``).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+MYSQL_FAMILY = ("mysql", "mariadb")
+
+
+def Binary(length: int) -> sa.types.TypeEngine[bytes]:
+    """A bounded binary identity column (indexable on MySQL)."""
+    return sa.LargeBinary().with_variant(sa.VARBINARY(length), *MYSQL_FAMILY)
+
+
+def Blob() -> sa.types.TypeEngine[bytes]:
+    """An unbounded binary value (event state, snapshots)."""
+    return sa.LargeBinary().with_variant(mysql.LONGBLOB(), *MYSQL_FAMILY)
+
+
+def BigInt() -> sa.types.TypeEngine[int]:
+    """64-bit integer; on SQLite ``INTEGER`` so a primary key aliases the rowid."""
+    return sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def enc(text: str) -> bytes:
+    """Identity text to its stored bytes."""
+    return text.encode("utf-8")
+
+
+def dec(data: bytes) -> str:
+    """Stored identity bytes back to text (they were valid UTF-8 on write)."""
+    return bytes(data).decode("utf-8")

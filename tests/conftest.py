@@ -1,0 +1,122 @@
+"""Real engines for every test: a fresh SQLite file, and a fresh MariaDB/MySQL database.
+
+MySQL-family tests use the server named by ``CATALOG_LEDGER_TEST_MYSQL``
+(default: the MariaDB at ``mysql+pymysql://root@127.0.0.1:3306/test``). Each
+test gets its own database on that server, created empty and dropped after.
+When no server answers and a Docker engine does, a throwaway MySQL 8 is
+started with testcontainers. When neither is available the MySQL-family tests
+fail with a message saying how to point them at a server: they are never
+silently skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pymysql
+import pytest
+from sqlalchemy.engine import make_url
+
+from ledger.db import Database, open_database
+from ledger.store import init_store
+
+MYSQL_ENV = "CATALOG_LEDGER_TEST_MYSQL"
+DEFAULT_MYSQL = "mysql+pymysql://root@127.0.0.1:3306/test"
+ENGINES = ["sqlite", "mariadb"]
+
+
+@dataclass
+class Server:
+    """A MySQL-family server the tests may create databases on."""
+
+    url: str
+
+    def connect(self, database: str | None = None) -> pymysql.connections.Connection:
+        u = make_url(self.url)
+        return pymysql.connect(
+            host=u.host or "127.0.0.1",
+            port=u.port or 3306,
+            user=u.username or "root",
+            password=u.password or "",
+            database=database,
+            charset="utf8mb4",
+            autocommit=True,
+            connect_timeout=5,
+        )
+
+    def database_url(self, name: str) -> str:
+        return make_url(self.url).set(database=name).render_as_string(hide_password=False)
+
+
+def _answers(url: str) -> str | None:
+    try:
+        Server(url).connect().close()
+    except Exception as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="session")
+def mysql_server() -> Iterator[Server]:
+    url = os.environ.get(MYSQL_ENV, DEFAULT_MYSQL)
+    problem = _answers(url)
+    if problem is None:
+        yield Server(url)
+        return
+    if shutil.which("docker") and os.system("docker info >/dev/null 2>&1") == 0:
+        from testcontainers.mysql import MySqlContainer
+
+        with MySqlContainer("mysql:8.0", username="root", password="test") as container:
+            host = container.get_container_host_ip()
+            port = container.get_exposed_port(3306)
+            yield Server(f"mysql+pymysql://root:test@{host}:{port}/test")
+        return
+    pytest.fail(
+        f"No MySQL-family server answers at {url} ({problem}) and no Docker engine is "
+        f"available for a throwaway one. Start MariaDB (e.g. `start-stop-daemon --start "
+        f"--oknodo --background --exec /usr/sbin/mariadbd`) or set {MYSQL_ENV} to "
+        f"mysql+pymysql://USER:PASSWORD@HOST:PORT/DATABASE.",
+        pytrace=False,
+    )
+
+
+@pytest.fixture
+def mysql_url(mysql_server: Server) -> Iterator[str]:
+    """A fresh, empty database on the MySQL-family server (server default collation)."""
+    name = "cl_" + secrets.token_hex(6)
+    with mysql_server.connect() as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    try:
+        yield mysql_server.database_url(name)
+    finally:
+        with mysql_server.connect() as conn, conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ledger.db'}"
+
+
+@pytest.fixture(params=ENGINES)
+def engine_url(request: pytest.FixtureRequest) -> str:
+    """A fresh store URL on each real engine (not yet initialized)."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    return str(request.getfixturevalue("mysql_url"))
+
+
+@pytest.fixture
+def db(engine_url: str) -> Iterator[Database]:
+    """An initialized store on each real engine."""
+    database = open_database(engine_url)
+    init_store(database)
+    try:
+        yield database
+    finally:
+        database.close()
