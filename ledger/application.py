@@ -59,9 +59,15 @@ class LedgerApplication(Application[UUID]):
 
     name = "CatalogLedger"
 
-    def __init__(self, db: Database, inline_hooks: Sequence[InlineHook] = ()) -> None:
+    def __init__(
+        self,
+        db: Database,
+        inline_hooks: Sequence[InlineHook] = (),
+        *,
+        recorder: LedgerRecorder | None = None,
+    ) -> None:
         self.db = db
-        self.ledger_recorder = LedgerRecorder(db, inline_hooks)
+        self.ledger_recorder = recorder or LedgerRecorder(db, inline_hooks)
         super().__init__(env={"AGGREGATE_CACHE_MAXSIZE": ""})
 
     def construct_factory(self, env: Environment) -> InfrastructureFactory[Any]:

@@ -17,13 +17,17 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import orjson
 
 from domain.errors import LedgerError, UsageError
 from ledger.db import Database, open_database, resolve_url
+from ledger.runtime import Ledger
+
+if TYPE_CHECKING:
+    from ledger.commands import CommandService
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,6 +43,13 @@ class Context:
         if self._db is None:
             self._db = open_database(self.url)
         return self._db
+
+    def ledger(self) -> Ledger:
+        """The initialized store (a clear error when `init` has not run)."""
+        from ledger.store import require_schema
+
+        require_schema(self.db())
+        return Ledger(self.db())
 
     def close(self) -> None:
         if self._db is not None:
@@ -202,9 +213,133 @@ def schema_dump(out: Path, dialect: str | None, as_json: bool) -> None:
     emit(as_json, {"written": written}, lambda: click.echo("\n".join(written)))
 
 
-def register(command: click.Command) -> None:
-    """Let later modules add commands without this file importing them eagerly."""
-    cli.add_command(command)
+def _service(**kwargs: Any) -> CommandService:
+    from ledger.commands import CommandService
+
+    return CommandService(_ctx().ledger(), **kwargs)
+
+
+@cli.command()
+@click.argument("manifest", type=click.Path(path_type=Path))
+@click.option(
+    "--command-id",
+    default=None,
+    metavar="ID",
+    help="Idempotency key (default: derived from the manifest and the log head).",
+)
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for the writer lease held by another process.",
+)
+@json_option
+def apply(manifest: Path, command_id: str | None, wait: float, as_json: bool) -> None:
+    """Converge the store to a release manifest (packs, then bindings and publication)."""
+    result = _service(lease_wait=wait).apply(manifest, command_id=command_id)
+
+    def human() -> None:
+        state = (
+            "replayed (already recorded)"
+            if result.get("replayed")
+            else ("no changes" if result["noop"] else "applied")
+        )
+        click.echo(f"apply {result['command_id']}: {state}")
+        for item in result.get("recovered", []):
+            click.echo(
+                f"  recovered abandoned attempt {item['pack']} {item['install_id']} -> failed_dirty"
+            )
+        for pack in result["packs"]:
+            extra = ""
+            if pack.get("install_id"):
+                extra = f" install_id={pack['install_id']}"
+            if pack.get("epoch"):
+                extra += f" epoch={pack['epoch']}"
+            click.echo(f"  {pack['pack']}: {pack['decision']}{extra}")
+
+    emit(as_json, result, human)
+
+
+@cli.command("import-legacy")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--command-id", default=None, metavar="ID", help="Idempotency key.")
+@json_option
+def import_legacy(file: Path, command_id: str | None, as_json: bool) -> None:
+    """Record an existing _System_InstalledPack table once, so packs can be adopted."""
+    result = _service().import_legacy(file, command_id=command_id)
+
+    def human() -> None:
+        click.echo(
+            f"import-legacy {result['command_id']}: imported "
+            f"{len(result['imported'])}, unchanged {len(result['unchanged'])}"
+        )
+
+    emit(as_json, result, human)
+
+
+@cli.command()
+@json_option
+def status(as_json: bool) -> None:
+    """Per pack: active install id, revision, epoch, newest attempt, dirty flag."""
+    from projections.queries import pack_status
+
+    ledger = _ctx().ledger()
+    with ledger.db.read() as conn:
+        packs = pack_status(conn)
+        head = ledger.recorder.head_in(conn)
+    document = {"head": head.position, "packs": packs}
+
+    def human() -> None:
+        click.echo(f"log head: {head.position}; {len(packs)} pack(s)")
+        for p in packs:
+            newest = p["newest_attempt"]
+            attempt = f"newest {newest['install_id']} {newest['status']}" if newest else ""
+            active = (
+                f"active {p['active_install_id']} @ {p['revision']} epoch {p['epoch']}"
+                if p["active_install_id"]
+                else f"{p['source_kind']} {p['status']}"
+            )
+            dirty = "  DIRTY (blocks publication)" if p["dirty"] else ""
+            click.echo(f"  {p['pack']}: {active}; {attempt}{dirty}")
+
+    emit(as_json, document, human)
+
+
+@cli.group("pack")
+def pack_group() -> None:
+    """Pack content tools."""
+
+
+@pack_group.command("hash")
+@click.argument("manifest", type=click.Path(path_type=Path))
+@click.argument("pack")
+@json_option
+def pack_hash(manifest: Path, pack: str, as_json: bool) -> None:
+    """Print the v1 and v0 payload hashes of PACK's content as MANIFEST resolves it."""
+    from domain.errors import InvalidInput
+    from ledger.sources import load_manifest, resolve_packs
+
+    loaded = load_manifest(manifest)
+    chosen = [p for p in loaded.packs if p.name == pack]
+    if not chosen:
+        raise InvalidInput(f"pack {pack!r} is not in {manifest}", field="pack")
+    (resolved,) = resolve_packs(chosen, base=manifest.resolve().parent)
+    document = {
+        "pack": resolved.name,
+        "category": resolved.content.category,
+        "source": resolved.source.to_json(),
+        "components": len(resolved.content.components),
+        "payload_hash_v1": resolved.content.payload_hash_v1,
+        "payload_hash_v0": resolved.content.payload_hash_v0,
+    }
+
+    def human() -> None:
+        click.echo(f"{resolved.name}: {document['components']} component(s)")
+        click.echo(f"  v1 {document['payload_hash_v1']}")
+        click.echo(f"  v0 {document['payload_hash_v0']}")
+
+    emit(as_json, document, human)
 
 
 def _report(error: LedgerError, as_json: bool) -> int:

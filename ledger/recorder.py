@@ -224,6 +224,13 @@ class LedgerRecorder(ApplicationRecorder):
         with self.db.read() as conn:
             return self.head_in(conn)
 
+    def lock_head(self, conn: Connection) -> Head:
+        """Lock the head row inside a write transaction (blocks appends until commit)."""
+        row = conn.exec_driver_sql(self._sql_lock_head).one_or_none()
+        if row is None:
+            raise InvalidInput("the log has no head row; run `catalog-ledger init`", field="db")
+        return Head(int(row[0]), bytes(row[1]))
+
     def head_in(self, conn: Connection) -> Head:
         hd = schema.head
         row = conn.execute(sa.select(hd.c.position, hd.c.chain).where(hd.c.id == 1)).one_or_none()

@@ -18,6 +18,8 @@ from domain.digests import ZERO_CHAIN
 from domain.errors import IntegrityFailure, InvalidInput
 from ledger import schema
 from ledger.db import Database, translate_errors
+from ledger.runtime import Ledger
+from projections.registry import public_views
 from projections.sqltypes import dec, enc
 
 DIALECTS = {"sqlite": sqlite.dialect(), "mysql": mysql.dialect()}
@@ -48,6 +50,9 @@ def ddl(dialect_name: str) -> str:
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
             parts.append(str(CreateIndex(index).compile(dialect=dialect)).strip() + ";")
         parts.append("")
+    for _name, sql in public_views():
+        parts.append(sql + ";")
+        parts.append("")
     text = "\n".join(parts)
     return "\n".join(line.rstrip() for line in text.split("\n"))
 
@@ -71,6 +76,7 @@ def init_store(db: Database) -> StoreInfo:
             except sa.exc.OperationalError:
                 # A concurrent `init` created a table between check and create.
                 md.create_all(db.engine, checkfirst=True)
+        _create_views(db)
         with db.write() as conn:
             stored = conn.execute(
                 sa.select(schema.meta.c.value).where(schema.meta.c.name == enc("schema_version"))
@@ -93,6 +99,12 @@ def init_store(db: Database) -> StoreInfo:
                 conn.execute(schema.head.insert(), {"id": 1, "position": 0, "chain": ZERO_CHAIN})
                 position = 0
             version = server_version(db, conn)
+        ledger = Ledger(db)
+        with db.write() as conn:
+            created_views = ledger.runner.ensure_states(conn)
+        if created_views and position:
+            # Views added to an existing log are built from it before first use.
+            ledger.runner.rebuild(db, created_views)
     return StoreInfo(
         engine=db.dialect,
         server_version=version,
@@ -100,6 +112,18 @@ def init_store(db: Database) -> StoreInfo:
         head_position=int(position),
         created=not existed,
     )
+
+
+def _create_views(db: Database) -> None:
+    existing = set(sa.inspect(db.engine).get_view_names())
+    for name, sql in public_views():
+        if name not in existing:
+            with db.write() as conn:
+                try:
+                    conn.exec_driver_sql(sql)
+                except sa.exc.OperationalError:
+                    if name not in sa.inspect(conn).get_view_names():
+                        raise
 
 
 def server_version(db: Database, conn: sa.Connection) -> str:

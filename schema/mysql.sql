@@ -25,3 +25,82 @@ CREATE TABLE ledger_meta (
 	value VARBINARY(255) NOT NULL,
 	PRIMARY KEY (name)
 );
+
+CREATE TABLE projection_state (
+	name VARBINARY(64) NOT NULL,
+	code_version INTEGER NOT NULL,
+	live_version INTEGER NOT NULL,
+	position BIGINT NOT NULL,
+	chain VARBINARY(32) NOT NULL,
+	mode VARBINARY(16) NOT NULL,
+	stopped BOOL NOT NULL,
+	error LONGBLOB,
+	building_version INTEGER,
+	PRIMARY KEY (name)
+);
+
+CREATE TABLE view_installed_pack (
+	view_version INTEGER NOT NULL,
+	pack VARBINARY(255) NOT NULL,
+	install_id VARBINARY(255) NOT NULL,
+	category VARBINARY(255) NOT NULL,
+	source_kind VARBINARY(32) NOT NULL,
+	locator LONGBLOB NOT NULL,
+	revision VARBINARY(255),
+	applied_payload_hash LONGBLOB,
+	status VARBINARY(255) NOT NULL,
+	epoch BIGINT,
+	PRIMARY KEY (view_version, pack)
+);
+
+CREATE TABLE view_pack_activation (
+	view_version INTEGER NOT NULL,
+	pack VARBINARY(255) NOT NULL,
+	install_id VARBINARY(255) NOT NULL,
+	epoch BIGINT NOT NULL,
+	revision VARBINARY(255) NOT NULL,
+	payload_hash VARBINARY(80) NOT NULL,
+	position BIGINT NOT NULL,
+	PRIMARY KEY (view_version, pack)
+);
+
+CREATE TABLE view_pack_component (
+	view_version INTEGER NOT NULL,
+	pack VARBINARY(255) NOT NULL,
+	install_id VARBINARY(255) NOT NULL,
+	kind VARBINARY(255) NOT NULL,
+	`key` VARBINARY(255) NOT NULL,
+	payload_hash VARBINARY(80) NOT NULL,
+	fact LONGBLOB NOT NULL,
+	fact_digest VARBINARY(32) NOT NULL,
+	PRIMARY KEY (view_version, pack, install_id, kind, `key`)
+);
+
+CREATE TABLE view_pack_generation (
+	view_version INTEGER NOT NULL,
+	pack VARBINARY(255) NOT NULL,
+	install_id VARBINARY(255) NOT NULL,
+	ordinal BIGINT NOT NULL,
+	origin VARBINARY(16) NOT NULL,
+	status VARBINARY(16) NOT NULL,
+	category VARBINARY(255) NOT NULL,
+	source_kind VARBINARY(32) NOT NULL,
+	locator LONGBLOB NOT NULL,
+	revision VARBINARY(255),
+	path LONGBLOB NOT NULL,
+	payload_hash VARBINARY(80) NOT NULL,
+	applied_payload_hash VARBINARY(80),
+	epoch BIGINT,
+	from_install_id VARBINARY(255),
+	failure_reason LONGBLOB,
+	PRIMARY KEY (view_version, pack, install_id)
+);
+CREATE INDEX ix_view_pack_generation_0 ON view_pack_generation (view_version, status);
+
+CREATE VIEW _System_InstalledPack AS SELECT t.pack, t.install_id, t.category, t.source_kind, t.locator, t.revision, t.applied_payload_hash, t.status, t.epoch FROM view_installed_pack t JOIN projection_state s ON s.name = X'696e7374616c6c65645f7061636b' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_PackGeneration AS SELECT t.pack, t.install_id, t.ordinal, t.origin, t.status, t.category, t.source_kind, t.locator, t.revision, t.path, t.payload_hash, t.applied_payload_hash, t.epoch, t.from_install_id, t.failure_reason FROM view_pack_generation t JOIN projection_state s ON s.name = X'7061636b5f67656e65726174696f6e' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_PackActivation AS SELECT t.pack, t.install_id, t.epoch, t.revision, t.payload_hash, t.position FROM view_pack_activation t JOIN projection_state s ON s.name = X'7061636b5f61637469766174696f6e' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_PackComponent AS SELECT t.pack, t.install_id, t.kind, t.key, t.payload_hash, t.fact, t.fact_digest FROM view_pack_component t JOIN projection_state s ON s.name = X'7061636b5f636f6d706f6e656e74' AND t.view_version = s.live_version;

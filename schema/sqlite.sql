@@ -25,3 +25,82 @@ CREATE TABLE ledger_meta (
 	value BLOB NOT NULL,
 	PRIMARY KEY (name)
 );
+
+CREATE TABLE projection_state (
+	name BLOB NOT NULL,
+	code_version INTEGER NOT NULL,
+	live_version INTEGER NOT NULL,
+	position INTEGER NOT NULL,
+	chain BLOB NOT NULL,
+	mode BLOB NOT NULL,
+	stopped BOOLEAN NOT NULL,
+	error BLOB,
+	building_version INTEGER,
+	PRIMARY KEY (name)
+);
+
+CREATE TABLE view_installed_pack (
+	view_version INTEGER NOT NULL,
+	pack BLOB NOT NULL,
+	install_id BLOB NOT NULL,
+	category BLOB NOT NULL,
+	source_kind BLOB NOT NULL,
+	locator BLOB NOT NULL,
+	revision BLOB,
+	applied_payload_hash BLOB,
+	status BLOB NOT NULL,
+	epoch BIGINT,
+	PRIMARY KEY (view_version, pack)
+);
+
+CREATE TABLE view_pack_activation (
+	view_version INTEGER NOT NULL,
+	pack BLOB NOT NULL,
+	install_id BLOB NOT NULL,
+	epoch BIGINT NOT NULL,
+	revision BLOB NOT NULL,
+	payload_hash BLOB NOT NULL,
+	position INTEGER NOT NULL,
+	PRIMARY KEY (view_version, pack)
+);
+
+CREATE TABLE view_pack_component (
+	view_version INTEGER NOT NULL,
+	pack BLOB NOT NULL,
+	install_id BLOB NOT NULL,
+	kind BLOB NOT NULL,
+	"key" BLOB NOT NULL,
+	payload_hash BLOB NOT NULL,
+	fact BLOB NOT NULL,
+	fact_digest BLOB NOT NULL,
+	PRIMARY KEY (view_version, pack, install_id, kind, "key")
+);
+
+CREATE TABLE view_pack_generation (
+	view_version INTEGER NOT NULL,
+	pack BLOB NOT NULL,
+	install_id BLOB NOT NULL,
+	ordinal BIGINT NOT NULL,
+	origin BLOB NOT NULL,
+	status BLOB NOT NULL,
+	category BLOB NOT NULL,
+	source_kind BLOB NOT NULL,
+	locator BLOB NOT NULL,
+	revision BLOB,
+	path BLOB NOT NULL,
+	payload_hash BLOB NOT NULL,
+	applied_payload_hash BLOB,
+	epoch BIGINT,
+	from_install_id BLOB,
+	failure_reason BLOB,
+	PRIMARY KEY (view_version, pack, install_id)
+);
+CREATE INDEX ix_view_pack_generation_0 ON view_pack_generation (view_version, status);
+
+CREATE VIEW _System_InstalledPack AS SELECT t.pack, t.install_id, t.category, t.source_kind, t.locator, t.revision, t.applied_payload_hash, t.status, t.epoch FROM view_installed_pack t JOIN projection_state s ON s.name = X'696e7374616c6c65645f7061636b' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_PackGeneration AS SELECT t.pack, t.install_id, t.ordinal, t.origin, t.status, t.category, t.source_kind, t.locator, t.revision, t.path, t.payload_hash, t.applied_payload_hash, t.epoch, t.from_install_id, t.failure_reason FROM view_pack_generation t JOIN projection_state s ON s.name = X'7061636b5f67656e65726174696f6e' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_PackActivation AS SELECT t.pack, t.install_id, t.epoch, t.revision, t.payload_hash, t.position FROM view_pack_activation t JOIN projection_state s ON s.name = X'7061636b5f61637469766174696f6e' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_PackComponent AS SELECT t.pack, t.install_id, t.kind, t.key, t.payload_hash, t.fact, t.fact_digest FROM view_pack_component t JOIN projection_state s ON s.name = X'7061636b5f636f6d706f6e656e74' AND t.view_version = s.live_version;

@@ -1,0 +1,134 @@
+"""Leases with fencing epochs (R12) and idempotency records (R10), as aggregates.
+
+A lease is an aggregate in the log. Every acquisition is an event, so the
+lease aggregate's version is a fencing token: a holder passes the version it
+acquired at as a read fence on every append, and any later acquisition by
+someone else moves the version, so a stale holder's append is rejected inside
+the append transaction. Expiry only decides whether a *new* holder may take
+the lease; it never lets two holders append.
+
+A command record stores, in the same append as the command's effects, the
+command id, the digest of its request and its result. An exact retry finds
+it and returns the result without appending; the same id with another
+request is a conflict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.digests import aggregate_id
+from domain.errors import Conflict
+
+
+class Lease(Aggregate):
+    """An exclusive writer lease; ``epoch`` counts acquisitions."""
+
+    class Opened(Aggregate.Created):
+        name: str
+
+    class Acquired(Aggregate.Event):
+        holder: str
+        epoch: int
+        expires_at_us: int
+
+    class Renewed(Aggregate.Event):
+        epoch: int
+        expires_at_us: int
+
+    class Released(Aggregate.Event):
+        epoch: int
+
+    @staticmethod
+    def create_id(name: str, **_: Any) -> UUID:
+        return lease_id(name)
+
+    @event(Opened)
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.holder: str | None = None
+        self.epoch = 0
+        self.expires_at_us = 0
+        self.released = True
+
+    @event(Acquired)
+    def _acquired(self, holder: str, epoch: int, expires_at_us: int) -> None:
+        self.holder = holder
+        self.epoch = epoch
+        self.expires_at_us = expires_at_us
+        self.released = False
+
+    @event(Renewed)
+    def _renewed(self, epoch: int, expires_at_us: int) -> None:
+        self.expires_at_us = expires_at_us
+
+    @event(Released)
+    def _released(self, epoch: int) -> None:
+        self.released = True
+
+    def is_free(self, now_us: int) -> bool:
+        return self.released or now_us >= self.expires_at_us
+
+    def acquire(self, holder: str, now_us: int, ttl_us: int) -> None:
+        if not self.is_free(now_us):
+            raise Conflict(
+                f"lease {self.name!r} is held by {self.holder!r} (epoch {self.epoch}) "
+                f"until its expiry",
+                rule="R12",
+                lease=self.name,
+                holder=self.holder,
+                epoch=self.epoch,
+                expires_at_us=self.expires_at_us,
+            )
+        self._acquired(holder=holder, epoch=self.epoch + 1, expires_at_us=now_us + ttl_us)
+
+    def renew(self, epoch: int, now_us: int, ttl_us: int) -> None:
+        self._require(epoch)
+        self._renewed(epoch=epoch, expires_at_us=now_us + ttl_us)
+
+    def release(self, epoch: int) -> None:
+        self._require(epoch)
+        self._released(epoch=epoch)
+
+    def _require(self, epoch: int) -> None:
+        if self.released or self.epoch != epoch:
+            raise Conflict(
+                f"lease {self.name!r} is no longer held at epoch {epoch} (now epoch {self.epoch})",
+                rule="R12",
+                lease=self.name,
+                epoch=self.epoch,
+            )
+
+
+class CommandRecord(Aggregate):
+    """The idempotency record of one command id (R10)."""
+
+    class Recorded(Aggregate.Created):
+        command_id: str
+        kind: str
+        request_digest: str
+        result: dict[str, Any]
+
+    @staticmethod
+    def create_id(command_id: str, **_: Any) -> UUID:
+        return command_record_id(command_id)
+
+    @event(Recorded)
+    def __init__(
+        self, command_id: str, kind: str, request_digest: str, result: dict[str, Any]
+    ) -> None:
+        self.command_id = command_id
+        self.kind = kind
+        self.request_digest = request_digest
+        self.result = result
+
+
+def lease_id(name: str) -> UUID:
+    return aggregate_id("lease", name)
+
+
+def command_record_id(command_id: str) -> UUID:
+    return aggregate_id("command", command_id)

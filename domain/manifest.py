@@ -1,0 +1,249 @@
+"""The release manifest (what ``catalog-ledger apply`` converges to), validated.
+
+Paths are relative to the manifest file. Sources are either
+``official_repo`` (a git repository + full 40-hex commit id + path of
+``pack.json`` inside it) or ``local_path`` (a directory holding ``pack.json``).
+Audiences are parsed into typed pairs at this edge (R2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, RootModel, ValidationError
+
+from domain.content import (
+    CategoryText,
+    CredentialText,
+    KeyText,
+    KindText,
+    PackText,
+    StrictModel,
+    identity_check,
+    invalid_from,
+)
+from domain.errors import InvalidInput
+from domain.identity import (
+    Audience,
+    BusinessKey,
+    ComponentKind,
+    CredentialSet,
+    Identity,
+    InstallId,
+    PackName,
+    SourceRevision,
+)
+
+RevisionText = Annotated[str, AfterValidator(identity_check(SourceRevision))]
+
+
+def _path_problem(value: str, *, inside_repo: bool) -> str | None:
+    if not value or "\x00" in value:
+        return "must be a non-empty path without NUL bytes"
+    if inside_repo:
+        parts = value.split("/")
+        if value.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            return "must be a relative path inside the repository without '.' or '..'"
+    return None
+
+
+def _path(inside_repo: bool) -> Any:
+    def check(value: str) -> str:
+        problem = _path_problem(value, inside_repo=inside_repo)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    return AfterValidator(check)
+
+
+class OfficialSourceModel(StrictModel):
+    kind: Literal["official_repo"]
+    repo: Annotated[str, _path(inside_repo=False)]
+    revision: RevisionText
+    path: Annotated[str, _path(inside_repo=True)] = "pack.json"
+
+
+class LocalSourceModel(StrictModel):
+    kind: Literal["local_path"]
+    path: Annotated[str, _path(inside_repo=False)]
+
+
+class ManifestPackModel(StrictModel):
+    name: PackText
+    source: Annotated[OfficialSourceModel | LocalSourceModel, Field(discriminator="kind")]
+
+
+class BindingModel(StrictModel):
+    audience: str
+    pack: PackText
+    kind: KindText
+    key: KeyText
+    credential_set: CredentialText | None = None
+
+
+class ManifestModel(StrictModel):
+    packs: list[ManifestPackModel] = Field(default_factory=list)
+    bindings: list[BindingModel] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OfficialSource:
+    repo: str
+    revision: SourceRevision
+    path: str
+
+
+@dataclass(frozen=True)
+class LocalSource:
+    path: str
+
+
+@dataclass(frozen=True)
+class ManifestPack:
+    name: PackName
+    source: OfficialSource | LocalSource
+
+
+@dataclass(frozen=True)
+class BindingSpec:
+    """One binding as the manifest asks for it (R14 binds it to a generation later)."""
+
+    audience: Audience
+    pack: PackName
+    kind: ComponentKind
+    key: BusinessKey
+    credential_set: CredentialSet | None
+
+    def sort_key(self) -> tuple[str, str, str, str, str, str]:
+        return (
+            self.audience.kind.value,
+            self.audience.id,
+            self.pack,
+            self.kind,
+            self.key,
+            self.credential_set or "",
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    packs: tuple[ManifestPack, ...]
+    bindings: tuple[BindingSpec, ...]
+
+
+def parse_manifest(data: Any, *, file: str) -> Manifest:
+    """Validate manifest data; errors name the file and the field."""
+    try:
+        model = ManifestModel.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_from(exc, file=file) from None
+    packs: list[ManifestPack] = []
+    seen: dict[str, int] = {}
+    for index, pack in enumerate(model.packs):
+        if pack.name in seen:
+            raise InvalidInput(
+                f"{file}: packs[{index}].name: pack {pack.name!r} is listed twice "
+                f"(first at packs[{seen[pack.name]}])",
+                field=f"packs[{index}].name",
+                file=file,
+            )
+        seen[pack.name] = index
+        source: OfficialSource | LocalSource
+        if isinstance(pack.source, OfficialSourceModel):
+            source = OfficialSource(
+                pack.source.repo, SourceRevision.trusted(pack.source.revision), pack.source.path
+            )
+        else:
+            source = LocalSource(pack.source.path)
+        packs.append(ManifestPack(PackName.trusted(pack.name), source))
+    bindings: list[BindingSpec] = []
+    seen_bindings: dict[BindingSpec, int] = {}
+    for index, binding in enumerate(model.bindings):
+        try:
+            audience = Audience.parse(binding.audience, field=f"bindings[{index}].audience")
+        except InvalidInput as exc:
+            raise InvalidInput(
+                f"{file}: {exc.message}",
+                field=exc.field,
+                file=file,
+                **{k: v for k, v in exc.details.items() if k != "field"},
+            ) from None
+        spec = BindingSpec(
+            audience=audience,
+            pack=PackName.trusted(binding.pack),
+            kind=ComponentKind.trusted(binding.kind),
+            key=BusinessKey.trusted(binding.key),
+            credential_set=CredentialSet.trusted(binding.credential_set)
+            if binding.credential_set is not None
+            else None,
+        )
+        if spec in seen_bindings:
+            raise InvalidInput(
+                f"{file}: bindings[{index}] repeats bindings[{seen_bindings[spec]}]",
+                field=f"bindings[{index}]",
+                file=file,
+            )
+        seen_bindings[spec] = index
+        bindings.append(spec)
+    return Manifest(tuple(packs), tuple(sorted(bindings, key=BindingSpec.sort_key)))
+
+
+# -- legacy `_System_InstalledPack` records -----------------------------------------------
+
+IdentityText = Annotated[str, AfterValidator(identity_check(Identity))]
+InstallIdText = Annotated[str, AfterValidator(identity_check(InstallId))]
+
+
+class LegacySourceModel(StrictModel):
+    kind: Literal["official_repo", "local_path"]
+    repo: IdentityText | None = None
+    revision: IdentityText | None = None
+    path: IdentityText | None = None
+
+
+class LegacyRecordModel(StrictModel):
+    pack: PackText
+    install_id: InstallIdText
+    status: IdentityText
+    category: CategoryText
+    source: LegacySourceModel
+    # Recorded as found: a missing or malformed hash is a fact about the legacy
+    # table, and adoption fails closed on it (R7) rather than import refusing it.
+    applied_payload_hash: Annotated[str, Field(max_length=255)] | None
+
+
+class LegacyFileModel(RootModel[list[LegacyRecordModel]]):
+    pass
+
+
+def parse_legacy_records(data: Any, *, file: str) -> list[dict[str, Any]]:
+    """Validate a legacy export; each record as the facts the log will hold."""
+    try:
+        model = LegacyFileModel.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_from(exc, file=file) from None
+    out: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for index, record in enumerate(model.root):
+        if record.pack in seen:
+            raise InvalidInput(
+                f"{file}: [{index}].pack: pack {record.pack!r} appears twice "
+                f"(first at [{seen[record.pack]}])",
+                field=f"[{index}].pack",
+                file=file,
+            )
+        seen[record.pack] = index
+        source = {k: v for k, v in record.source.model_dump().items() if v is not None}
+        out.append(
+            {
+                "pack": record.pack,
+                "install_id": record.install_id,
+                "status": record.status,
+                "category": record.category,
+                "source": source,
+                "applied_payload_hash": record.applied_payload_hash,
+            }
+        )
+    return out

@@ -1,0 +1,115 @@
+"""The running store: recorder + inline projections + ``eventsourcing`` application.
+
+``Ledger`` wires the pieces once; ``LogReader`` loads aggregates from the log
+inside one connection, so a decision is made on one consistent snapshot
+(preflight) and re-checked on the locked current state (inside the append).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar, cast
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate
+from sqlalchemy.engine import Connection
+
+from domain.coordination import CommandRecord, Lease, command_record_id, lease_id
+from domain.errors import IntegrityFailure
+from domain.identity import PackName
+from domain.lifecycle import (
+    Generation,
+    LegacyRecord,
+    LocalPack,
+    PackActivation,
+    PackHistory,
+    PackState,
+    activation_id,
+    generation_id,
+    history_id,
+    legacy_id,
+    local_id,
+)
+from ledger.application import LedgerApplication
+from ledger.db import Database
+from ledger.recorder import LedgerRecorder
+from projections.registry import ALL_PROJECTIONS
+from projections.runner import ProjectionRunner
+
+A = TypeVar("A", bound=Aggregate)
+
+
+class Ledger:
+    """One opened store with its recorder, projections and application."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.recorder = LedgerRecorder(db)
+        self.runner = ProjectionRunner(ALL_PROJECTIONS, self.recorder)
+        self.recorder.inline_hooks.append(self.runner.inline_hook)
+        self.app = LedgerApplication(db, recorder=self.recorder)
+
+    def reader(self, conn: Connection) -> LogReader:
+        return LogReader(self, conn)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[LogReader]:
+        """Aggregates as of one consistent read snapshot."""
+        with self.db.read() as conn:
+            yield LogReader(self, conn)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class LogReader:
+    """Loads aggregates from the log through one connection."""
+
+    def __init__(self, ledger: Ledger, conn: Connection) -> None:
+        self.ledger = ledger
+        self.conn = conn
+        self._mapper = ledger.app.mapper
+
+    def get(self, aggregate: UUID, cls: type[A]) -> A | None:
+        stored = self.ledger.recorder.select_events_in(self.conn, aggregate)
+        if not stored:
+            return None
+        result: Any = None
+        for item in stored:
+            result = cast(Any, self._mapper.to_domain_event(item)).mutate(result)
+        if not isinstance(result, cls):
+            raise IntegrityFailure(
+                f"aggregate {aggregate} is a {type(result).__name__}, expected {cls.__name__}",
+                aggregate_id=str(aggregate),
+            )
+        return result
+
+    def pack_state(self, pack: PackName) -> PackState:
+        history = self.get(history_id(pack), PackHistory)
+        activation = self.get(activation_id(pack), PackActivation)
+        newest = self.get(generation_id(pack, history.newest), Generation) if history else None
+        active: Generation | None = None
+        if activation is not None:
+            if newest is not None and newest.install_id == activation.install_id:
+                active = newest
+            else:
+                active = self.get(generation_id(pack, activation.install_id), Generation)
+        return PackState(
+            pack=pack,
+            legacy=self.get(legacy_id(pack), LegacyRecord),
+            local=self.get(local_id(pack), LocalPack),
+            activation=activation,
+            history=history,
+            newest=newest,
+            active=active,
+        )
+
+    def lease(self, name: str) -> Lease | None:
+        return self.get(lease_id(name), Lease)
+
+    def command(self, command_id: str) -> CommandRecord | None:
+        return self.get(command_record_id(command_id), CommandRecord)
+
+    def version(self, aggregate: UUID) -> int:
+        return self.ledger.recorder.current_version(self.conn, aggregate)

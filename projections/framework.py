@@ -1,0 +1,375 @@
+"""The projection framework: one ``apply`` code path for inline, catch-up, rebuild and verify.
+
+A projection declares a name, a code version, its tables and the topics it
+consumes, and implements ``apply(event, rows)`` against a ``RowStore``:
+
+* ``SqlRowStore`` writes through a SQLAlchemy connection into the rows of one
+  *view version* — used inline (inside the append transaction) and by the
+  catch-up runner;
+* ``MemoryRowStore`` keeps rows in dictionaries — used to rebuild a view from
+  position 0 (then bulk-written as the next view version) and to verify a live
+  view against a fresh replay.
+
+Blue/green without DDL: every physical view table has a leading
+``view_version`` key column. ``projection_state`` names the live version of
+each projection; a rebuild writes version n+1 beside version n and the swap is
+one UPDATE of ``projection_state`` in the transaction that also applies the
+last events. Readers always select ``view_version = live`` (the SQL views
+named ``_System_…`` do that join), so they see one complete version.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+from uuid import UUID
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql as mysql_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Connection
+
+from domain.log import LoggedEvent
+from projections.sqltypes import BigInt, Binary, Blob
+from projections.tables import metadata
+
+Row = dict[str, Any]
+Key = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ViewEvent:
+    """A log row as projections see it: position, ids, topic and decoded state."""
+
+    position: int
+    aggregate_id: UUID
+    version: int
+    topic: str
+    data: dict[str, Any]
+
+    @classmethod
+    def decode(cls, row: LoggedEvent) -> ViewEvent:
+        return cls(row.position, row.aggregate_id, row.version, row.topic, orjson.loads(row.state))
+
+
+@dataclass(frozen=True)
+class ViewTable:
+    """A logical view table and its physical, versioned table."""
+
+    name: str
+    physical: sa.Table
+    key: tuple[str, ...]
+    columns: tuple[str, ...]
+
+    def key_of(self, row: Row) -> Key:
+        return tuple(row[k] for k in self.key)
+
+
+def view_table(
+    name: str,
+    physical_name: str,
+    key: Sequence[str],
+    *columns: sa.Column[Any],
+    indexes: Sequence[Sequence[str]] = (),
+) -> ViewTable:
+    """Declare a view table; ``view_version`` leads its primary key."""
+    cols = [sa.Column("view_version", sa.Integer(), primary_key=True, autoincrement=False)]
+    for column in columns:
+        if column.name in key:
+            column.primary_key = True
+            column.nullable = False
+        cols.append(column)
+    table = sa.Table(physical_name, metadata, *cols)
+    for number, index_cols in enumerate(indexes):
+        sa.Index(
+            f"ix_{physical_name}_{number}", table.c.view_version, *(table.c[c] for c in index_cols)
+        )
+    return ViewTable(
+        name=name,
+        physical=table,
+        key=tuple(key),
+        columns=tuple(c.name for c in columns),
+    )
+
+
+class RowStore(ABC):
+    """Primary-key access to the rows of one version of a projection's tables."""
+
+    @abstractmethod
+    def get(self, table: ViewTable, key: Key) -> Row | None: ...
+
+    @abstractmethod
+    def put(self, table: ViewTable, row: Row) -> None: ...
+
+    @abstractmethod
+    def delete(self, table: ViewTable, key: Key) -> None: ...
+
+
+class Projection(ABC):
+    """A pure function of the log into view rows (R20)."""
+
+    name: ClassVar[str]
+    version: ClassVar[int]
+    tables: ClassVar[tuple[ViewTable, ...]]
+    topics: ClassVar[frozenset[str]]
+    #: Inline projections are applied inside the append transaction (core views).
+    inline: ClassVar[bool] = True
+
+    @abstractmethod
+    def apply(self, event: ViewEvent, rows: RowStore) -> None:
+        """Write the rows this event implies; raise to report a poison event."""
+
+
+class MemoryRowStore(RowStore):
+    """Rows in dictionaries: the fast path for rebuild and verify."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, dict[Key, Row]] = {}
+
+    def get(self, table: ViewTable, key: Key) -> Row | None:
+        return self.tables.get(table.name, {}).get(key)
+
+    def put(self, table: ViewTable, row: Row) -> None:
+        self.tables.setdefault(table.name, {})[table.key_of(row)] = row
+
+    def delete(self, table: ViewTable, key: Key) -> None:
+        self.tables.get(table.name, {}).pop(key, None)
+
+    def rows(self, table: ViewTable) -> dict[Key, Row]:
+        return self.tables.get(table.name, {})
+
+
+_DELETED: Row = {}
+
+
+class SqlRowStore(RowStore):
+    """Rows of one view version through a live connection, written back on ``flush``.
+
+    Writes are buffered per event: ``commit_event`` keeps the current event's
+    writes, ``discard_event`` drops them (a poison event leaves no partial
+    rows, without savepoints), and ``flush`` writes only the final state of
+    each touched key with one executemany per table and operation.
+    """
+
+    def __init__(self, conn: Connection, view_version: int) -> None:
+        self.conn = conn
+        self.view_version = view_version
+        self._mysql = conn.dialect.name in ("mysql", "mariadb")
+        self._done: dict[tuple[str, Key], tuple[ViewTable, Row]] = {}
+        self._pending: dict[tuple[str, Key], tuple[ViewTable, Row]] = {}
+
+    def _where(self, table: ViewTable, key: Key) -> Any:
+        t = table.physical
+        clauses = [t.c.view_version == self.view_version]
+        clauses.extend(t.c[name] == value for name, value in zip(table.key, key, strict=True))
+        return sa.and_(*clauses)
+
+    def get(self, table: ViewTable, key: Key) -> Row | None:
+        ident = (table.name, key)
+        for layer in (self._pending, self._done):
+            if ident in layer:
+                row = layer[ident][1]
+                return None if row is _DELETED else row
+        t = table.physical
+        found = self.conn.execute(
+            sa.select(*(t.c[c] for c in table.columns)).where(self._where(table, key))
+        ).one_or_none()
+        return _normalize(found._asdict()) if found is not None else None
+
+    def put(self, table: ViewTable, row: Row) -> None:
+        self._pending[(table.name, table.key_of(row))] = (table, row)
+
+    def delete(self, table: ViewTable, key: Key) -> None:
+        self._pending[(table.name, key)] = (table, _DELETED)
+
+    def commit_event(self) -> None:
+        self._done.update(self._pending)
+        self._pending.clear()
+
+    def discard_event(self) -> None:
+        self._pending.clear()
+
+    def flush(self) -> None:
+        self.commit_event()
+        upserts: dict[str, tuple[ViewTable, list[Row]]] = {}
+        deletes: dict[str, tuple[ViewTable, list[Row]]] = {}
+        for (name, key), (table, row) in self._done.items():
+            if row is _DELETED:
+                deletes.setdefault(name, (table, []))[1].append(
+                    {f"k_{k}": v for k, v in zip(table.key, key, strict=True)}
+                )
+            else:
+                upserts.setdefault(name, (table, []))[1].append(
+                    {"view_version": self.view_version, **row}
+                )
+        for table, keys in deletes.values():
+            t = table.physical
+            stmt = t.delete().where(
+                t.c.view_version == self.view_version,
+                *(t.c[k] == sa.bindparam(f"k_{k}") for k in table.key),
+            )
+            self.conn.execute(stmt, keys)
+        for table, rows in upserts.values():
+            self.conn.execute(self._upsert(table), rows)
+        self._done.clear()
+
+    def _upsert(self, table: ViewTable) -> Any:
+        others = [c for c in table.columns if c not in table.key]
+        if self._mysql:
+            mins = mysql_dialect.insert(table.physical)
+            if not others:
+                return mins.prefix_with("IGNORE")
+            return mins.on_duplicate_key_update({c: mins.inserted[c] for c in others})
+        sins = sqlite_dialect.insert(table.physical)
+        index = ["view_version", *table.key]
+        if not others:
+            return sins.on_conflict_do_nothing(index_elements=index)
+        return sins.on_conflict_do_update(
+            index_elements=index, set_={c: sins.excluded[c] for c in others}
+        )
+
+
+def _normalize(row: Row) -> Row:
+    """Driver values to plain Python (memoryview → bytes) so stores compare equal."""
+    return {k: bytes(v) if isinstance(v, memoryview | bytearray) else v for k, v in row.items()}
+
+
+def read_version_rows(conn: Connection, table: ViewTable, view_version: int) -> Iterator[Row]:
+    """Every row of one version of a table, in key order (bytewise, R3)."""
+    t = table.physical
+    query = (
+        sa.select(*(t.c[c] for c in table.columns))
+        .where(t.c.view_version == view_version)
+        .order_by(*(t.c[k] for k in table.key))
+    )
+    for row in conn.execute(query):
+        yield _normalize(row._asdict())
+
+
+def write_rows(conn: Connection, table: ViewTable, view_version: int, rows: Iterable[Row]) -> int:
+    """Bulk-insert rows as ``view_version`` (one executemany)."""
+    batch = [{"view_version": view_version, **row} for row in rows]
+    if batch:
+        conn.execute(table.physical.insert(), batch)
+    return len(batch)
+
+
+# -- projection state -----------------------------------------------------------------------
+
+state_table = sa.Table(
+    "projection_state",
+    metadata,
+    sa.Column("name", Binary(64), primary_key=True),
+    sa.Column("code_version", sa.Integer(), nullable=False),
+    sa.Column("live_version", sa.Integer(), nullable=False),
+    sa.Column("position", BigInt(), nullable=False),
+    sa.Column("chain", Binary(32), nullable=False),
+    sa.Column("mode", Binary(16), nullable=False),
+    sa.Column("stopped", sa.Boolean(), nullable=False),
+    sa.Column("error", Blob(), nullable=True),
+    sa.Column("building_version", sa.Integer(), nullable=True),
+)
+
+
+@dataclass
+class ProjectionState:
+    name: str
+    code_version: int
+    live_version: int
+    position: int
+    chain: bytes
+    mode: str
+    stopped: bool
+    error: dict[str, Any] | None
+    building_version: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> ProjectionState:
+        return cls(
+            name=bytes(row.name).decode(),
+            code_version=int(row.code_version),
+            live_version=int(row.live_version),
+            position=int(row.position),
+            chain=bytes(row.chain),
+            mode=bytes(row.mode).decode(),
+            stopped=bool(row.stopped),
+            error=orjson.loads(row.error) if row.error is not None else None,
+            building_version=int(row.building_version)
+            if row.building_version is not None
+            else None,
+        )
+
+    def values(self) -> dict[str, Any]:
+        return {
+            "name": self.name.encode(),
+            "code_version": self.code_version,
+            "live_version": self.live_version,
+            "position": self.position,
+            "chain": self.chain,
+            "mode": self.mode.encode(),
+            "stopped": self.stopped,
+            "error": orjson.dumps(self.error) if self.error is not None else None,
+            "building_version": self.building_version,
+        }
+
+
+def load_states(conn: Connection, *, lock: bool = False) -> dict[str, ProjectionState]:
+    query = sa.select(state_table)
+    if lock and conn.dialect.name in ("mysql", "mariadb"):
+        query = query.with_for_update()
+    return {s.name: s for s in (ProjectionState.from_row(r) for r in conn.execute(query))}
+
+
+def save_state(conn: Connection, state: ProjectionState) -> None:
+    values = state.values()
+    updated = conn.execute(
+        state_table.update().where(state_table.c.name == values["name"]).values(values)
+    )
+    if updated.rowcount == 0:
+        conn.execute(state_table.insert().values(values))
+
+
+@dataclass
+class ApplyOutcome:
+    """What applying a batch did: how far it got and the poison event, if any."""
+
+    position: int
+    chain: bytes
+    error: dict[str, Any] | None = field(default=None)
+
+
+def apply_rows(
+    projection: Projection,
+    rows: Sequence[LoggedEvent],
+    store: RowStore,
+    *,
+    start: int,
+    start_chain: bytes,
+) -> ApplyOutcome:
+    """Apply ``rows`` in order; stop at the first event the projection cannot apply."""
+    position, chain = start, start_chain
+    topics = projection.topics
+    buffered = store if isinstance(store, SqlRowStore) else None
+    for row in rows:
+        if row.topic in topics:
+            try:
+                projection.apply(ViewEvent.decode(row), store)
+            except Exception as exc:
+                if buffered is not None:
+                    buffered.discard_event()
+                return ApplyOutcome(
+                    position,
+                    chain,
+                    {
+                        "position": row.position,
+                        "topic": row.topic,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    },
+                )
+            if buffered is not None:
+                buffered.commit_event()
+        position, chain = row.position, row.chain
+    return ApplyOutcome(position, chain)

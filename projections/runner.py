@@ -1,0 +1,459 @@
+"""Running projections: inline in the append, catch-up, blue/green rebuild, verify, status.
+
+The runner knows nothing of how the log is stored: the ledger hands it a
+``LogSource`` (read rows, read and lock the head) and a ``Store`` (read and
+write transactions). Dependencies therefore still point inward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from domain.digests import ZERO_CHAIN
+from domain.errors import Conflict, InvalidInput
+from domain.log import LoggedEvent
+from projections.framework import (
+    MemoryRowStore,
+    Projection,
+    ProjectionState,
+    Row,
+    SqlRowStore,
+    ViewEvent,
+    apply_rows,
+    load_states,
+    read_version_rows,
+    save_state,
+    write_rows,
+)
+
+Progress = Callable[[int, int], None]
+_BATCH = 5000
+
+
+class HeadLike(Protocol):
+    @property
+    def position(self) -> int: ...
+
+    @property
+    def chain(self) -> bytes: ...
+
+
+class LogSource(Protocol):
+    def read_rows(
+        self, conn: Connection, *, after: int, upto: int | None = None, limit: int = 1000
+    ) -> list[LoggedEvent]: ...
+
+    def head_in(self, conn: Connection) -> HeadLike: ...
+
+    def lock_head(self, conn: Connection) -> HeadLike: ...
+
+
+class Store(Protocol):
+    @property
+    def is_sqlite(self) -> bool: ...
+
+    def write(self) -> AbstractContextManager[Connection]: ...
+
+    def read(self) -> AbstractContextManager[Connection]: ...
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The first row where a live view and a fresh replay disagree."""
+
+    projection: str
+    table: str
+    key: dict[str, Any]
+    problem: str
+    live: dict[str, Any] | None
+    replay: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    projection: str
+    position: int
+    rows: int
+    difference: Difference | None
+
+    @property
+    def ok(self) -> bool:
+        return self.difference is None
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value.hex()
+    return value
+
+
+def _shown_row(row: Row | None) -> dict[str, Any] | None:
+    return {k: _shown(v) for k, v in row.items()} if row is not None else None
+
+
+class ProjectionRunner:
+    """All registered projections and the operations over them."""
+
+    def __init__(self, projections: Sequence[Projection], log: LogSource) -> None:
+        names = [p.name for p in projections]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate projection names: {names}")
+        self.projections = list(projections)
+        self.by_name = {p.name: p for p in projections}
+        self.log = log
+
+    def select(self, names: Sequence[str] = ()) -> list[Projection]:
+        if not names:
+            return list(self.projections)
+        unknown = [n for n in names if n not in self.by_name]
+        if unknown:
+            raise InvalidInput(
+                f"unknown projection(s) {', '.join(unknown)}; known: {', '.join(self.by_name)}",
+                field="name",
+            )
+        return [self.by_name[n] for n in names]
+
+    # -- state rows -------------------------------------------------------------------
+
+    def ensure_states(self, conn: Connection) -> list[str]:
+        """Create state rows for projections that have none; return their names."""
+        states = load_states(conn)
+        created = []
+        for p in self.projections:
+            if p.name not in states:
+                save_state(
+                    conn,
+                    ProjectionState(
+                        name=p.name,
+                        code_version=p.version,
+                        live_version=1,
+                        position=0,
+                        chain=ZERO_CHAIN,
+                        mode="inline" if p.inline else "catch-up",
+                        stopped=False,
+                        error=None,
+                    ),
+                )
+                created.append(p.name)
+        return created
+
+    # -- inline -----------------------------------------------------------------------
+
+    def inline_hook(self, conn: Connection, rows: Sequence[LoggedEvent]) -> None:
+        """Apply freshly appended rows to every running inline projection (same txn)."""
+        if not rows:
+            return
+        states = load_states(conn)
+        first = rows[0].position
+        for projection in self.projections:
+            if not projection.inline:
+                continue
+            state = states.get(projection.name)
+            if state is None or state.stopped:
+                continue
+            pending: Sequence[LoggedEvent] = rows
+            if state.position < first - 1:
+                # Behind (e.g. created after events existed): catch up in this txn.
+                pending = [
+                    *self._rows_between(conn, state.position, first - 1),
+                    *rows,
+                ]
+            self._advance(conn, projection, state, pending)
+
+    def _rows_between(self, conn: Connection, after: int, upto: int) -> Iterator[LoggedEvent]:
+        position = after
+        while position < upto:
+            batch = self.log.read_rows(conn, after=position, upto=upto, limit=_BATCH)
+            if not batch:
+                return
+            yield from batch
+            position = batch[-1].position
+
+    def _advance(
+        self,
+        conn: Connection,
+        projection: Projection,
+        state: ProjectionState,
+        rows: Sequence[LoggedEvent],
+    ) -> None:
+        store = SqlRowStore(conn, state.live_version)
+        outcome = apply_rows(projection, rows, store, start=state.position, start_chain=state.chain)
+        store.flush()
+        state.position, state.chain = outcome.position, outcome.chain
+        if outcome.error is not None:
+            state.stopped = True
+            state.error = outcome.error
+        save_state(conn, state)
+
+    # -- catch-up ---------------------------------------------------------------------
+
+    def catch_up(self, store: Store, name: str, *, batch: int = 1000) -> ProjectionState:
+        """Follow the log from the projection's position to the head, batch by batch."""
+        projection = self.select([name])[0]
+        while True:
+            with store.write() as conn:
+                state = load_states(conn, lock=True).get(name)
+                if state is None:
+                    raise InvalidInput(f"projection {name} has no state; run init", field="name")
+                if state.stopped:
+                    return state
+                rows = self.log.read_rows(conn, after=state.position, limit=batch)
+                if not rows:
+                    return state
+                self._advance(conn, projection, state, rows)
+
+    # -- rebuild (blue/green) -----------------------------------------------------------
+
+    def rebuild(
+        self, store: Store, names: Sequence[str] = (), *, progress: Progress | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Build the next version of each view from position 0, catch up, swap atomically."""
+        chosen = self.select(names)
+        with store.write() as conn:
+            states = load_states(conn, lock=True)
+            head0 = self.log.head_in(conn).position
+            versions: dict[str, tuple[int, int]] = {}
+            for p in chosen:
+                st = states.get(p.name)
+                if st is None:
+                    raise InvalidInput(f"projection {p.name} has no state; run init", field="name")
+                nxt = max(st.live_version, st.building_version or 0) + 1
+                st.building_version = nxt
+                save_state(conn, st)
+                versions[p.name] = (st.live_version, nxt)
+        for p in chosen:
+            live, nxt = versions[p.name]
+            self._drop_versions(store, p, keep=live)
+        memory = {p.name: MemoryRowStore() for p in chosen}
+        errors: dict[str, dict[str, Any]] = {}
+        done = 0
+        for row in self._stream(store, upto=head0):
+            for p in chosen:
+                if p.name in errors or row.topic not in p.topics:
+                    continue
+                try:
+                    p.apply(ViewEvent.decode(row), memory[p.name])
+                except Exception as exc:
+                    errors[p.name] = {
+                        "position": row.position,
+                        "topic": row.topic,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+            done += 1
+            if progress is not None and done % 10_000 == 0:
+                progress(done, head0)
+        if progress is not None:
+            progress(done, head0)
+        if errors:
+            raise InvalidInput(
+                "rebuild stopped at a poison event; the live views are untouched",
+                field="name",
+                errors=errors,
+            )
+        for p in chosen:
+            _, nxt = versions[p.name]
+            for table in p.tables:
+                rows = list(memory[p.name].rows(table).values())
+                for start in range(0, len(rows), _BATCH):
+                    with store.write() as conn:
+                        write_rows(conn, table, nxt, rows[start : start + _BATCH])
+        return self._swap(store, chosen, versions, head0)
+
+    def _swap(
+        self,
+        store: Store,
+        chosen: Sequence[Projection],
+        versions: dict[str, tuple[int, int]],
+        head0: int,
+    ) -> dict[str, dict[str, Any]]:
+        report: dict[str, dict[str, Any]] = {}
+        with store.write() as conn:
+            head = self.log.lock_head(conn)
+            states = load_states(conn, lock=True)
+            tail = list(self._rows_between(conn, head0, head.position))
+            for p in chosen:
+                live, nxt = versions[p.name]
+                st = states[p.name]
+                if st.building_version != nxt:
+                    raise Conflict(
+                        f"another rebuild of {p.name} started meanwhile; re-run the rebuild",
+                        projection=p.name,
+                    )
+                building = ProjectionState(
+                    name=p.name,
+                    code_version=p.version,
+                    live_version=nxt,
+                    position=head0,
+                    chain=self._chain_at(conn, head0),
+                    mode=st.mode,
+                    stopped=False,
+                    error=None,
+                )
+                self._advance(conn, p, building, tail)
+                if building.stopped:
+                    raise InvalidInput(
+                        "rebuild stopped at a poison event in the tail; live views untouched",
+                        field="name",
+                        errors={p.name: building.error},
+                    )
+                report[p.name] = {
+                    "previous_version": live,
+                    "live_version": nxt,
+                    "position": building.position,
+                    "replayed": head0,
+                    "tail": len(tail),
+                }
+        for p in chosen:
+            self._drop_versions(store, p, keep=versions[p.name][1])
+        return report
+
+    def _chain_at(self, conn: Connection, position: int) -> bytes:
+        if position == 0:
+            return ZERO_CHAIN
+        rows = self.log.read_rows(conn, after=position - 1, upto=position, limit=1)
+        return rows[0].chain if rows else ZERO_CHAIN
+
+    def _drop_versions(self, store: Store, projection: Projection, *, keep: int) -> None:
+        for table in projection.tables:
+            t = table.physical
+            with store.write() as conn:
+                conn.execute(t.delete().where(t.c.view_version != keep))
+
+    def _stream(self, store: Store, *, upto: int) -> Iterator[LoggedEvent]:
+        position = 0
+        while position < upto:
+            with store.read() as conn:
+                batch = self.log.read_rows(conn, after=position, upto=upto, limit=_BATCH)
+            if not batch:
+                return
+            yield from batch
+            position = batch[-1].position
+
+    # -- verify ------------------------------------------------------------------------
+
+    def verify(self, store: Store, names: Sequence[str] = ()) -> list[VerifyResult]:
+        """Replay into memory and compare with every live view row by row (R21)."""
+        chosen = self.select(names)
+        with store.read() as conn:
+            states = load_states(conn)
+            live: dict[str, dict[str, dict[tuple[Any, ...], Row]]] = {}
+            for p in chosen:
+                st = states[p.name]
+                live[p.name] = {
+                    t.name: {t.key_of(r): r for r in read_version_rows(conn, t, st.live_version)}
+                    for t in p.tables
+                }
+            upto = max((states[p.name].position for p in chosen), default=0)
+            memory = {p.name: MemoryRowStore() for p in chosen}
+            replay_errors: dict[str, dict[str, Any]] = {}
+            for row in self._rows_between(conn, 0, upto):
+                for p in chosen:
+                    if (
+                        p.name in replay_errors
+                        or row.position > states[p.name].position
+                        or row.topic not in p.topics
+                    ):
+                        continue
+                    try:
+                        p.apply(ViewEvent.decode(row), memory[p.name])
+                    except Exception as exc:
+                        replay_errors[p.name] = {"position": row.position, "error": str(exc)}
+            chains = {p.name: self._chain_at(conn, states[p.name].position) for p in chosen}
+        results = []
+        for p in chosen:
+            st = states[p.name]
+            difference = None
+            if chains[p.name] != st.chain:
+                difference = Difference(
+                    p.name,
+                    "projection_state",
+                    {"name": p.name},
+                    "the recorded chain does not match the log at the recorded position",
+                    None,
+                    None,
+                )
+            elif p.name in replay_errors:
+                difference = Difference(
+                    p.name, "replay", {}, replay_errors[p.name]["error"], None, None
+                )
+            else:
+                difference = self._first_difference(p, live[p.name], memory[p.name])
+            count = sum(len(v) for v in live[p.name].values())
+            results.append(VerifyResult(p.name, st.position, count, difference))
+        return results
+
+    @staticmethod
+    def _first_difference(
+        projection: Projection,
+        live: dict[str, dict[tuple[Any, ...], Row]],
+        memory: MemoryRowStore,
+    ) -> Difference | None:
+        for table in projection.tables:
+            have = live[table.name]
+            want = memory.rows(table)
+            for key in sorted(set(have) | set(want)):
+                a, b = have.get(key), want.get(key)
+                if a == b:
+                    continue
+                shown_key = {k: _shown(v) for k, v in zip(table.key, key, strict=True)}
+                if a is None:
+                    problem = "row missing from the live view"
+                elif b is None:
+                    problem = "row in the live view that a replay does not produce"
+                else:
+                    cols = [c for c in table.columns if a.get(c) != b.get(c)]
+                    problem = f"column(s) {', '.join(cols)} differ"
+                return Difference(
+                    projection.name, table.name, shown_key, problem, _shown_row(a), _shown_row(b)
+                )
+        return None
+
+    # -- status ------------------------------------------------------------------------
+
+    def status(self, store: Store) -> dict[str, Any]:
+        with store.read() as conn:
+            head = self.log.head_in(conn)
+            states = load_states(conn)
+        views: list[dict[str, Any]] = []
+        for p in self.projections:
+            st = states.get(p.name)
+            if st is None:
+                views.append({"name": p.name, "state": "missing"})
+                continue
+            views.append(
+                {
+                    "name": p.name,
+                    "tables": [t.name for t in p.tables],
+                    "mode": st.mode,
+                    "code_version": p.version,
+                    "built_with_code_version": st.code_version,
+                    "live_version": st.live_version,
+                    "position": st.position,
+                    "lag": head.position - st.position,
+                    "state": "stopped" if st.stopped else "running",
+                    "error": st.error,
+                    "rebuild_needed": st.code_version != p.version or st.stopped,
+                }
+            )
+        return {"head": head.position, "views": views}
+
+
+def live_version(conn: Connection, name: str) -> int:
+    """The live version of projection ``name`` (for readers outside the SQL views)."""
+    from projections.framework import state_table
+
+    found = conn.execute(
+        sa.select(state_table.c.live_version).where(state_table.c.name == name.encode())
+    ).scalar()
+    if found is None:
+        raise InvalidInput(f"projection {name} is not initialized; run init", field="db")
+    return int(found)
