@@ -1,10 +1,25 @@
 #!/bin/sh
-# The main job on the embedded SQLite default, in a scratch folder.
+# The main job on the embedded SQLite default, in a scratch folder:
+# build the example pack repository, apply release 1, apply release 2,
+# re-apply release 2 (a no-op), and show the status and the log head.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 work="${DEMO_DIR:-$here/../demo-work}"
 rm -rf "$work"
-mkdir -p "$work"
+mkdir -p "$work/packs"
+sh "$here/make-repo.sh" "$work/repos/catalog" >/dev/null
+cp "$here/release-1.json" "$here/release-2.json" "$work/"
+cp -R "$here/packs/devsample" "$work/packs/"
 cd "$work"
+echo "== catalog-ledger init"
 catalog-ledger init
-catalog-ledger log
+echo "== catalog-ledger apply release-1.json"
+catalog-ledger apply release-1.json
+echo "== catalog-ledger apply release-2.json"
+catalog-ledger apply release-2.json
+echo "== catalog-ledger apply release-2.json (again: nothing to do)"
+catalog-ledger apply release-2.json
+echo "== catalog-ledger status"
+catalog-ledger status
+echo "== catalog-ledger log --from 1 --limit 5"
+catalog-ledger log --from 1 --limit 5

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -62,10 +63,28 @@ def json_option(func: F) -> F:
     )(func)
 
 
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "hex:" + raw.hex()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+def dump_json(document: Any) -> str:
+    """One JSON document; never fails on bytes, sets or non-string keys."""
+    options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+    return orjson.dumps(document, option=options, default=_json_default).decode() + "\n"
+
+
 def emit(as_json: bool, document: Any, human: Callable[[], None]) -> None:
     """Print a result as JSON or through the human renderer."""
     if as_json:
-        sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(dump_json(document))
     else:
         human()
 
@@ -293,15 +312,18 @@ def status(as_json: bool) -> None:
     def human() -> None:
         click.echo(f"log head: {head.position}; {len(packs)} pack(s)")
         for p in packs:
+            if p["active_install_id"]:
+                line = f"active {p['active_install_id']} @ {p['revision']} epoch {p['epoch']}"
+            elif p["status"] is not None:
+                line = f"{p['source_kind']} {p['status']} {p['installed_install_id']}"
+            else:
+                line = "never activated"
             newest = p["newest_attempt"]
-            attempt = f"newest {newest['install_id']} {newest['status']}" if newest else ""
-            active = (
-                f"active {p['active_install_id']} @ {p['revision']} epoch {p['epoch']}"
-                if p["active_install_id"]
-                else f"{p['source_kind']} {p['status']}"
-            )
-            dirty = "  DIRTY (blocks publication)" if p["dirty"] else ""
-            click.echo(f"  {p['pack']}: {active}; {attempt}{dirty}")
+            if newest and newest["install_id"] != p["active_install_id"]:
+                line += f"; newest attempt {newest['install_id']} {newest['status']}"
+            if p["dirty"]:
+                line += "  DIRTY (blocks publication until a later generation activates)"
+            click.echo(f"  {p['pack']}: {line}")
 
     emit(as_json, document, human)
 
@@ -342,9 +364,136 @@ def pack_hash(manifest: Path, pack: str, as_json: bool) -> None:
     emit(as_json, document, human)
 
 
+@cli.group("projections")
+def projections_group() -> None:
+    """Views of the log: status, blue/green rebuild, verify, catch-up."""
+
+
+@projections_group.command("status")
+@json_option
+def projections_status(as_json: bool) -> None:
+    """Each view's version, position, lag behind the log head, mode and any stopped error."""
+    ledger = _ctx().ledger()
+    document = ledger.runner.status(ledger.db)
+
+    def human() -> None:
+        click.echo(f"log head: {document['head']}")
+        for v in document["views"]:
+            line = (
+                f"  {v['name']:<16} {v['mode']:<8} v{v.get('live_version')} "
+                f"position {v.get('position')} lag {v.get('lag')} {v['state']}"
+            )
+            if v.get("rebuild_needed"):
+                line += "  (rebuild needed)"
+            click.echo(line)
+            if v.get("error"):
+                e = v["error"]
+                click.echo(
+                    f"      stopped at position {e['position']} ({e['topic']}): {e['error']}"
+                )
+
+    emit(as_json, document, human)
+
+
+@projections_group.command("rebuild")
+@click.argument("names", nargs=-1)
+@json_option
+def projections_rebuild(names: tuple[str, ...], as_json: bool) -> None:
+    """Rebuild views beside the live ones from position 0, then swap atomically."""
+    ledger = _ctx().ledger()
+    with progress_bar(not as_json, "rebuild", "ev") as progress:
+        report = ledger.runner.rebuild(ledger.db, names, progress=progress)
+
+    def human() -> None:
+        for name, r in report.items():
+            click.echo(
+                f"{name}: v{r['previous_version']} -> v{r['live_version']} at position "
+                f"{r['position']} (replayed {r['replayed']}, tail {r['tail']})"
+            )
+
+    emit(as_json, {"rebuilt": report}, human)
+
+
+@projections_group.command("verify")
+@click.argument("names", nargs=-1)
+@json_option
+def projections_verify(names: tuple[str, ...], as_json: bool) -> None:
+    """Replay the log in memory and compare with every live view, row by row (R21)."""
+    from dataclasses import asdict
+
+    from domain.errors import IntegrityFailure
+
+    ledger = _ctx().ledger()
+    results = ledger.runner.verify(ledger.db, names)
+    views: list[dict[str, Any]] = [
+        {
+            "name": r.projection,
+            "position": r.position,
+            "rows": r.rows,
+            "ok": r.ok,
+            "difference": asdict(r.difference) if r.difference else None,
+        }
+        for r in results
+    ]
+    document = {"ok": all(r.ok for r in results), "views": views}
+    if not document["ok"]:
+        first = next(v for v in views if not v["ok"])
+        diff = first["difference"]
+        raise IntegrityFailure(
+            f"view {diff['table']} differs from a fresh replay at key {diff['key']}: "
+            f"{diff['problem']}",
+            views=document["views"],
+        )
+
+    def human() -> None:
+        for v in views:
+            click.echo(f"{v['name']}: ok ({v['rows']} rows at position {v['position']})")
+
+    emit(as_json, document, human)
+
+
+@projections_group.command("catch-up")
+@click.argument("names", nargs=-1)
+@json_option
+def projections_catch_up(names: tuple[str, ...], as_json: bool) -> None:
+    """Advance catch-up views to the log head."""
+    ledger = _ctx().ledger()
+    chosen = [p.name for p in ledger.runner.select(names) if not p.inline]
+    done = {}
+    for name in chosen:
+        state = ledger.runner.catch_up(ledger.db, name)
+        done[name] = {"position": state.position, "stopped": state.stopped}
+
+    def human() -> None:
+        for name, d in done.items():
+            click.echo(f"{name}: position {d['position']}")
+
+    emit(as_json, {"caught_up": done}, human)
+
+
+@contextmanager
+def progress_bar(enabled: bool, label: str, unit: str) -> Iterator[Callable[[int, int], None]]:
+    """A tqdm bar (rate and ETA) when stdout is a terminal; silent otherwise."""
+    if not (enabled and sys.stdout.isatty()):
+        yield lambda done, total: None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(desc=label, unit=unit, unit_scale=True, dynamic_ncols=True)
+    try:
+
+        def update(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        yield update
+    finally:
+        bar.close()
+
+
 def _report(error: LedgerError, as_json: bool) -> int:
     if as_json:
-        sys.stdout.write(orjson.dumps(error.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(dump_json(error.to_json()))
     else:
         click.echo(f"error [{error.code}]: {error.message}", err=True)
         for key, value in error.details.items():

@@ -236,21 +236,26 @@ class ProjectionRunner:
         memory = {p.name: MemoryRowStore() for p in chosen}
         errors: dict[str, dict[str, Any]] = {}
         done = 0
+        by_topic = _by_topic(chosen)
         for row in self._stream(store, upto=head0):
-            for p in chosen:
-                if p.name in errors or row.topic not in p.topics:
+            done += 1
+            if progress is not None and done % 10_000 == 0:
+                progress(done, head0)
+            interested = by_topic.get(row.topic)
+            if not interested:
+                continue
+            event = ViewEvent.decode(row)  # once, shared by every interested projection
+            for p in interested:
+                if p.name in errors:
                     continue
                 try:
-                    p.apply(ViewEvent.decode(row), memory[p.name])
+                    p.apply(event, memory[p.name])
                 except Exception as exc:
                     errors[p.name] = {
                         "position": row.position,
                         "topic": row.topic,
                         "error": f"{type(exc).__name__}: {exc}",
                     }
-            done += 1
-            if progress is not None and done % 10_000 == 0:
-                progress(done, head0)
         if progress is not None:
             progress(done, head0)
         if errors:
@@ -355,16 +360,17 @@ class ProjectionRunner:
             upto = max((states[p.name].position for p in chosen), default=0)
             memory = {p.name: MemoryRowStore() for p in chosen}
             replay_errors: dict[str, dict[str, Any]] = {}
+            by_topic = _by_topic(chosen)
             for row in self._rows_between(conn, 0, upto):
-                for p in chosen:
-                    if (
-                        p.name in replay_errors
-                        or row.position > states[p.name].position
-                        or row.topic not in p.topics
-                    ):
+                interested = by_topic.get(row.topic)
+                if not interested:
+                    continue
+                event = ViewEvent.decode(row)
+                for p in interested:
+                    if p.name in replay_errors or row.position > states[p.name].position:
                         continue
                     try:
-                        p.apply(ViewEvent.decode(row), memory[p.name])
+                        p.apply(event, memory[p.name])
                     except Exception as exc:
                         replay_errors[p.name] = {"position": row.position, "error": str(exc)}
             chains = {p.name: self._chain_at(conn, states[p.name].position) for p in chosen}
@@ -445,6 +451,14 @@ class ProjectionRunner:
                 }
             )
         return {"head": head.position, "views": views}
+
+
+def _by_topic(projections: Sequence[Projection]) -> dict[str, list[Projection]]:
+    out: dict[str, list[Projection]] = {}
+    for p in projections:
+        for topic in p.topics:
+            out.setdefault(topic, []).append(p)
+    return out
 
 
 def live_version(conn: Connection, name: str) -> int:

@@ -39,6 +39,15 @@ CREATE TABLE projection_state (
 	PRIMARY KEY (name)
 );
 
+CREATE TABLE view_command_log (
+	view_version INTEGER NOT NULL,
+	command_id VARBINARY(255) NOT NULL,
+	kind VARBINARY(64) NOT NULL,
+	request_digest VARBINARY(64) NOT NULL,
+	position BIGINT NOT NULL,
+	PRIMARY KEY (view_version, command_id)
+);
+
 CREATE TABLE view_installed_pack (
 	view_version INTEGER NOT NULL,
 	pack VARBINARY(255) NOT NULL,
@@ -104,3 +113,5 @@ CREATE VIEW _System_PackGeneration AS SELECT t.pack, t.install_id, t.ordinal, t.
 CREATE VIEW _System_PackActivation AS SELECT t.pack, t.install_id, t.epoch, t.revision, t.payload_hash, t.position FROM view_pack_activation t JOIN projection_state s ON s.name = X'7061636b5f61637469766174696f6e' AND t.view_version = s.live_version;
 
 CREATE VIEW _System_PackComponent AS SELECT t.pack, t.install_id, t.kind, t.key, t.payload_hash, t.fact, t.fact_digest FROM view_pack_component t JOIN projection_state s ON s.name = X'7061636b5f636f6d706f6e656e74' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_CommandLog AS SELECT t.command_id, t.kind, t.request_digest, t.position FROM view_command_log t JOIN projection_state s ON s.name = X'636f6d6d616e645f6c6f67' AND t.view_version = s.live_version;

@@ -1,0 +1,49 @@
+"""``_System_CommandLog``: every recorded command, maintained in catch-up mode.
+
+An optional operator view (which command ids ran, of what kind, at which
+position), so it follows the log from its own position instead of adding work
+to every append.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import sqlalchemy as sa
+from eventsourcing.utils import get_topic
+
+from domain.coordination import CommandRecord
+from projections.framework import Projection, RowStore, ViewEvent, view_table
+from projections.sqltypes import BigInt, Binary, enc
+
+T_RECORDED = get_topic(CommandRecord.Recorded)
+
+COMMAND_LOG = view_table(
+    "_System_CommandLog",
+    "view_command_log",
+    ["command_id"],
+    sa.Column("command_id", Binary(255)),
+    sa.Column("kind", Binary(64), nullable=False),
+    sa.Column("request_digest", Binary(64), nullable=False),
+    sa.Column("position", BigInt(), nullable=False),
+)
+
+
+class CommandLogView(Projection):
+    name = "command_log"
+    version = 1
+    tables = (COMMAND_LOG,)
+    topics: ClassVar[frozenset[str]] = frozenset({T_RECORDED})
+    inline = False
+
+    def apply(self, event: ViewEvent, rows: RowStore) -> None:
+        d = event.data
+        rows.put(
+            COMMAND_LOG,
+            {
+                "command_id": enc(d["command_id"]),
+                "kind": enc(d["kind"]),
+                "request_digest": enc(d["request_digest"]),
+                "position": event.position,
+            },
+        )
