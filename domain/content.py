@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from domain.canonical import canonical_bytes, check_canonical
-from domain.digests import Purpose, digest, lp
+from domain.digests import Purpose, digest, hasher, lp, u64
 from domain.errors import InvalidInput
 from domain.identity import (
     BusinessKey,
@@ -190,7 +190,24 @@ class PackContent:
 
 def fact_digest(pack: str, install_id: str, payload_hash: str, fact: bytes) -> bytes:
     """Identity of one immutable fact: its generation coordinates and its exact bytes."""
-    return digest(Purpose.FACT, lp(pack.encode(), install_id.encode(), payload_hash.encode(), fact))
+    return fact_hasher(pack, install_id, payload_hash)(fact)
+
+
+def fact_hasher(pack: str, install_id: str, payload_hash: str) -> Callable[[bytes], bytes]:
+    """``fact_digest`` with the generation coordinates hashed once, for many facts.
+
+    Same bytes as ``digest(FACT, lp(pack, install_id, payload_hash, fact))``.
+    """
+    base = hasher(Purpose.FACT)
+    base.update(lp(pack.encode(), install_id.encode(), payload_hash.encode()))
+
+    def one(fact: bytes) -> bytes:
+        h = base.copy()
+        h.update(u64(len(fact)))
+        h.update(fact)
+        return bytes(h.digest())
+
+    return one
 
 
 def hash_problem(value: object) -> str | None:

@@ -397,12 +397,26 @@ def projections_status(as_json: bool) -> None:
 
 @projections_group.command("rebuild")
 @click.argument("names", nargs=-1)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1, max=16),
+    default=None,
+    help="Processes replaying views in parallel (default: up to 2 cores).",
+)
 @json_option
-def projections_rebuild(names: tuple[str, ...], as_json: bool) -> None:
+def projections_rebuild(names: tuple[str, ...], workers: int | None, as_json: bool) -> None:
     """Rebuild views beside the live ones from position 0, then swap atomically."""
+    from ledger.rebuild import default_workers, process_builder
+
     ledger = _ctx().ledger()
     with progress_bar(not as_json, "rebuild", "ev") as progress:
-        report = ledger.runner.rebuild(ledger.db, names, progress=progress)
+        report = ledger.runner.rebuild(
+            ledger.db,
+            names,
+            progress=progress,
+            builder=process_builder(_ctx().url),
+            workers=workers or default_workers(),
+        )
 
     def human() -> None:
         for name, r in report.items():

@@ -35,6 +35,7 @@ class CommandLogView(Projection):
     tables = (COMMAND_LOG,)
     topics: ClassVar[frozenset[str]] = frozenset({T_RECORDED})
     inline = False
+    weight = 0.1
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from eventsourcing.utils import get_topic
 
 from domain.canonical import canonical_bytes_trusted
-from domain.content import Component, fact_digest
+from domain.content import fact_hasher
 from domain.lifecycle import (
     Generation,
     GenerationStatus,
@@ -41,7 +41,15 @@ T_LEGACY = get_topic(LegacyRecord.Imported)
 
 
 def _opt(value: str | None) -> bytes | None:
-    return enc(value) if value is not None else None
+    return value.encode() if value is not None else None
+
+
+# Status bytes as stored; precomputed because rebuilds apply millions of events.
+_ACTIVE = GenerationStatus.ACTIVE.value.encode()
+_PREPARING = GenerationStatus.PREPARING.value.encode()
+_RETIRED = GenerationStatus.RETIRED.value.encode()
+_FAILED_CLEAN = GenerationStatus.FAILED_CLEAN.value.encode()
+_FAILED_DIRTY = GenerationStatus.FAILED_DIRTY.value.encode()
 
 
 INSTALLED_PACK = view_table(
@@ -83,7 +91,7 @@ class InstalledPackView(Projection):
                 "locator": enc(source["locator"]),
                 "revision": enc(d["revision"]),
                 "applied_payload_hash": enc(d["payload_hash"]),
-                "status": enc(GenerationStatus.ACTIVE.value),
+                "status": _ACTIVE,
                 "epoch": d["epoch"],
             }
         elif topic == T_LOCAL_INSTALLED:
@@ -118,7 +126,7 @@ class InstalledPackView(Projection):
             "locator": enc(d["locator"]),
             "revision": None,
             "applied_payload_hash": enc(d["payload_hash"]),
-            "status": enc(GenerationStatus.ACTIVE.value),
+            "status": _ACTIVE,
             "epoch": None,
         }
 
@@ -151,12 +159,13 @@ class PackGenerationView(Projection):
 
     name = "pack_generation"
     version = 1
+    weight = 4.5
     tables = (PACK_GENERATION,)
     topics: ClassVar[frozenset[str]] = frozenset({T_PREPARED, T_ACTIVATED, T_RETIRED, T_FAILED})
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data
-        key = (enc(d["pack"]), enc(d["install_id"]))
+        key = (d["pack"].encode(), d["install_id"].encode())
         if event.topic == T_PREPARED:
             source = d["source"]
             rows.put(
@@ -165,14 +174,14 @@ class PackGenerationView(Projection):
                     "pack": key[0],
                     "install_id": key[1],
                     "ordinal": d["ordinal"],
-                    "origin": enc(d["origin"]),
-                    "status": enc(GenerationStatus.PREPARING.value),
-                    "category": enc(d["category"]),
-                    "source_kind": enc(source["kind"]),
-                    "locator": enc(source["locator"]),
+                    "origin": d["origin"].encode(),
+                    "status": _PREPARING,
+                    "category": d["category"].encode(),
+                    "source_kind": source["kind"].encode(),
+                    "locator": source["locator"].encode(),
                     "revision": _opt(source.get("revision")),
-                    "path": enc(source["path"]),
-                    "payload_hash": enc(d["payload_hash"]),
+                    "path": source["path"].encode(),
+                    "payload_hash": d["payload_hash"].encode(),
                     "applied_payload_hash": None,
                     "epoch": None,
                     "from_install_id": _opt(d.get("from_install_id")),
@@ -183,18 +192,16 @@ class PackGenerationView(Projection):
         row = rows.get(PACK_GENERATION, key)
         if row is None:
             raise LookupError(f"generation {d['install_id']} of {d['pack']!r} was never prepared")
-        row = dict(row)
+        row = dict(row)  # never mutate a row another store layer may still hold
         if event.topic == T_ACTIVATED:
-            row.update(
-                status=enc(GenerationStatus.ACTIVE.value),
-                applied_payload_hash=enc(d["applied_payload_hash"]),
-                epoch=d["epoch"],
-            )
+            row["status"] = _ACTIVE
+            row["applied_payload_hash"] = d["applied_payload_hash"].encode()
+            row["epoch"] = d["epoch"]
         elif event.topic == T_RETIRED:
-            row["status"] = enc(GenerationStatus.RETIRED.value)
+            row["status"] = _RETIRED
         else:
-            status = GenerationStatus.FAILED_DIRTY if d["dirty"] else GenerationStatus.FAILED_CLEAN
-            row.update(status=enc(status.value), failure_reason=enc(d["reason"]))
+            row["status"] = _FAILED_DIRTY if d["dirty"] else _FAILED_CLEAN
+            row["failure_reason"] = d["reason"].encode()
         rows.put(PACK_GENERATION, row)
 
 
@@ -253,25 +260,29 @@ class PackComponentView(Projection):
 
     name = "pack_component"
     version = 1
+    weight = 5.0
     tables = (PACK_COMPONENT,)
     topics: ClassVar[frozenset[str]] = frozenset({T_PREPARED})
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data
         pack, install_id, payload_hash = d["pack"], d["install_id"], d["payload_hash"]
+        pack_b, install_b, hash_b = enc(pack), enc(install_id), enc(payload_hash)
+        digest_of = fact_hasher(pack, install_id, payload_hash)
         for data in d["components"]:
-            component = Component.from_json(data)
-            fact = canonical_bytes_trusted(component.to_json())
+            # Stored components are already canonical dicts (Component.to_json on
+            # write), so their canonical bytes need no re-validation here.
+            fact = canonical_bytes_trusted(data)
             rows.put(
                 PACK_COMPONENT,
                 {
-                    "pack": enc(pack),
-                    "install_id": enc(install_id),
-                    "kind": enc(component.kind),
-                    "key": enc(component.key),
-                    "payload_hash": enc(payload_hash),
+                    "pack": pack_b,
+                    "install_id": install_b,
+                    "kind": data["kind"].encode(),
+                    "key": data["key"].encode(),
+                    "payload_hash": hash_b,
                     "fact": fact,
-                    "fact_digest": fact_digest(pack, install_id, payload_hash, fact),
+                    "fact_digest": digest_of(fact),
                 },
             )
 

@@ -7,11 +7,13 @@ write transactions). Dependencies therefore still point inward.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -33,7 +35,14 @@ from projections.framework import (
 )
 
 Progress = Callable[[int, int], None]
+#: Runs ``build_versions`` for each group of view names (e.g. one process each)
+#: and returns the merged poison-event errors.
+GroupBuilder = Callable[
+    [list[list[str]], dict[str, tuple[int, int]], int, Progress | None],
+    dict[str, dict[str, Any]],
+]
 _BATCH = 5000
+_WRITE_BATCH = 20_000
 
 
 class HeadLike(Protocol):
@@ -45,6 +54,16 @@ class HeadLike(Protocol):
 
 
 class LogSource(Protocol):
+    def scan(
+        self,
+        conn: Connection,
+        *,
+        after: int,
+        upto: int,
+        topics: Sequence[str] | None = None,
+        page: int = 10_000,
+    ) -> Iterator[tuple[int, str, bytes]]: ...
+
     def read_rows(
         self, conn: Connection, *, after: int, upto: int | None = None, limit: int = 1000
     ) -> list[LoggedEvent]: ...
@@ -214,9 +233,20 @@ class ProjectionRunner:
     # -- rebuild (blue/green) -----------------------------------------------------------
 
     def rebuild(
-        self, store: Store, names: Sequence[str] = (), *, progress: Progress | None = None
+        self,
+        store: Store,
+        names: Sequence[str] = (),
+        *,
+        progress: Progress | None = None,
+        builder: GroupBuilder | None = None,
+        workers: int = 1,
     ) -> dict[str, dict[str, Any]]:
-        """Build the next version of each view from position 0, catch up, swap atomically."""
+        """Build the next version of each view from position 0, catch up, swap atomically.
+
+        With a ``builder`` and ``workers > 1`` the views are split into groups of
+        similar weight, each replayed and written by its own process; the swap
+        stays one transaction here.
+        """
         chosen = self.select(names)
         with store.write() as conn:
             states = load_states(conn, lock=True)
@@ -231,47 +261,87 @@ class ProjectionRunner:
                 save_state(conn, st)
                 versions[p.name] = (st.live_version, nxt)
         for p in chosen:
-            live, nxt = versions[p.name]
-            self._drop_versions(store, p, keep=live)
-        memory = {p.name: MemoryRowStore() for p in chosen}
-        errors: dict[str, dict[str, Any]] = {}
-        done = 0
-        by_topic = _by_topic(chosen)
-        for row in self._stream(store, upto=head0):
-            done += 1
-            if progress is not None and done % 10_000 == 0:
-                progress(done, head0)
-            interested = by_topic.get(row.topic)
-            if not interested:
-                continue
-            event = ViewEvent.decode(row)  # once, shared by every interested projection
-            for p in interested:
-                if p.name in errors:
-                    continue
-                try:
-                    p.apply(event, memory[p.name])
-                except Exception as exc:
-                    errors[p.name] = {
-                        "position": row.position,
-                        "topic": row.topic,
-                        "error": f"{type(exc).__name__}: {exc}",
-                    }
-        if progress is not None:
-            progress(done, head0)
+            self._drop_versions(store, p, keep=versions[p.name][0])
+        groups = _groups(chosen, workers)
+        if builder is not None and len(groups) > 1:
+            errors = builder([[p.name for p in g] for g in groups], versions, head0, progress)
+        else:
+            errors = self.build_versions(store, [p.name for p in chosen], versions, head0, progress)
         if errors:
             raise InvalidInput(
                 "rebuild stopped at a poison event; the live views are untouched",
                 field="name",
                 errors=errors,
             )
+        return self._swap(store, chosen, versions, head0)
+
+    def build_versions(
+        self,
+        store: Store,
+        names: Sequence[str],
+        versions: dict[str, tuple[int, int]],
+        head0: int,
+        progress: Progress | None = None,
+    ) -> dict[str, dict[str, Any]]:
+        """Replay ``names`` up to ``head0`` in memory and write them as their next version.
+
+        Returns the poison event per view that could not be built (nothing is
+        swapped then). Safe to run in a separate process.
+        """
+        chosen = self.select(names)
+        memory = {p.name: MemoryRowStore() for p in chosen}
+        errors: dict[str, dict[str, Any]] = {}
+        # Millions of short-lived dicts: the cyclic collector would rescan them
+        # over and over; view rows contain no reference cycles.
+        collector_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._replay(store, head0, _by_topic(chosen), memory, errors, progress)
+        finally:
+            if collector_was_enabled:
+                gc.enable()
+        if progress is not None:
+            progress(head0, head0)
+        if errors:
+            return errors
         for p in chosen:
             _, nxt = versions[p.name]
             for table in p.tables:
-                rows = list(memory[p.name].rows(table).values())
-                for start in range(0, len(rows), _BATCH):
+                rows = _insert_order(memory[p.name].rows(table))
+                for start in range(0, len(rows), _WRITE_BATCH):
                     with store.write() as conn:
-                        write_rows(conn, table, nxt, rows[start : start + _BATCH])
-        return self._swap(store, chosen, versions, head0)
+                        write_rows(conn, table, nxt, rows[start : start + _WRITE_BATCH])
+        return errors
+
+    def _replay(
+        self,
+        store: Store,
+        head0: int,
+        by_topic: dict[str, list[Projection]],
+        memory: dict[str, MemoryRowStore],
+        errors: dict[str, dict[str, Any]],
+        progress: Progress | None,
+    ) -> None:
+        done = 0
+        with store.read() as conn:
+            for position, topic, state in self.log.scan(
+                conn, after=0, upto=head0, topics=list(by_topic)
+            ):
+                done += 1
+                if progress is not None and done % 10_000 == 0:
+                    progress(position, head0)
+                event = ViewEvent(position, topic, orjson.loads(state))  # decoded once
+                for p in by_topic[topic]:
+                    if p.name in errors:
+                        continue
+                    try:
+                        p.apply(event, memory[p.name])
+                    except Exception as exc:
+                        errors[p.name] = {
+                            "position": position,
+                            "topic": topic,
+                            "error": f"{type(exc).__name__}: {exc}",
+                        }
 
     def _swap(
         self,
@@ -333,16 +403,6 @@ class ProjectionRunner:
             with store.write() as conn:
                 conn.execute(t.delete().where(t.c.view_version != keep))
 
-    def _stream(self, store: Store, *, upto: int) -> Iterator[LoggedEvent]:
-        position = 0
-        while position < upto:
-            with store.read() as conn:
-                batch = self.log.read_rows(conn, after=position, upto=upto, limit=_BATCH)
-            if not batch:
-                return
-            yield from batch
-            position = batch[-1].position
-
     # -- verify ------------------------------------------------------------------------
 
     def verify(self, store: Store, names: Sequence[str] = ()) -> list[VerifyResult]:
@@ -361,18 +421,17 @@ class ProjectionRunner:
             memory = {p.name: MemoryRowStore() for p in chosen}
             replay_errors: dict[str, dict[str, Any]] = {}
             by_topic = _by_topic(chosen)
-            for row in self._rows_between(conn, 0, upto):
-                interested = by_topic.get(row.topic)
-                if not interested:
-                    continue
-                event = ViewEvent.decode(row)
-                for p in interested:
-                    if p.name in replay_errors or row.position > states[p.name].position:
+            for position, topic, state in self.log.scan(
+                conn, after=0, upto=upto, topics=list(by_topic)
+            ):
+                event = ViewEvent(position, topic, orjson.loads(state))
+                for p in by_topic[topic]:
+                    if p.name in replay_errors or position > states[p.name].position:
                         continue
                     try:
                         p.apply(event, memory[p.name])
                     except Exception as exc:
-                        replay_errors[p.name] = {"position": row.position, "error": str(exc)}
+                        replay_errors[p.name] = {"position": position, "error": str(exc)}
             chains = {p.name: self._chain_at(conn, states[p.name].position) for p in chosen}
         results = []
         for p in chosen:
@@ -451,6 +510,30 @@ class ProjectionRunner:
                 }
             )
         return {"head": head.position, "views": views}
+
+
+def _insert_order(rows: dict[tuple[Any, ...], Row]) -> list[Row]:
+    """Rows roughly in key order, so bulk inserts append to the clustered index
+    (measured twice as fast as log order). Identity keys cannot contain NUL (R1),
+    so joining their bytes with NUL sorts like the tuples, at a fraction of the
+    cost of comparing tuples; order is only a speed-up, never relied upon."""
+
+    def flat(key: tuple[Any, ...]) -> bytes:
+        return b"\x00".join(k if isinstance(k, bytes) else str(k).encode() for k in key)
+
+    return [rows[k] for k in sorted(rows, key=flat)]
+
+
+def _groups(projections: Sequence[Projection], workers: int) -> list[list[Projection]]:
+    """Split views into at most ``workers`` groups of similar replay weight (greedy)."""
+    count = max(1, min(workers, len(projections)))
+    groups: list[list[Projection]] = [[] for _ in range(count)]
+    loads = [0.0] * count
+    for p in sorted(projections, key=lambda p: -p.weight):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(p)
+        loads[lightest] += p.weight
+    return [g for g in groups if g]
 
 
 def _by_topic(projections: Sequence[Projection]) -> dict[str, list[Projection]]:

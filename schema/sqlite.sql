@@ -46,7 +46,8 @@ CREATE TABLE view_command_log (
 	request_digest BLOB NOT NULL,
 	position INTEGER NOT NULL,
 	PRIMARY KEY (view_version, command_id)
-);
+)
+ WITHOUT ROWID;
 
 CREATE TABLE view_installed_pack (
 	view_version INTEGER NOT NULL,
@@ -60,7 +61,8 @@ CREATE TABLE view_installed_pack (
 	status BLOB NOT NULL,
 	epoch BIGINT,
 	PRIMARY KEY (view_version, pack)
-);
+)
+ WITHOUT ROWID;
 
 CREATE TABLE view_pack_activation (
 	view_version INTEGER NOT NULL,
@@ -71,7 +73,8 @@ CREATE TABLE view_pack_activation (
 	payload_hash BLOB NOT NULL,
 	position INTEGER NOT NULL,
 	PRIMARY KEY (view_version, pack)
-);
+)
+ WITHOUT ROWID;
 
 CREATE TABLE view_pack_component (
 	view_version INTEGER NOT NULL,
@@ -83,7 +86,8 @@ CREATE TABLE view_pack_component (
 	fact BLOB NOT NULL,
 	fact_digest BLOB NOT NULL,
 	PRIMARY KEY (view_version, pack, install_id, kind, "key")
-);
+)
+ WITHOUT ROWID;
 
 CREATE TABLE view_pack_generation (
 	view_version INTEGER NOT NULL,
@@ -103,7 +107,8 @@ CREATE TABLE view_pack_generation (
 	from_install_id BLOB,
 	failure_reason BLOB,
 	PRIMARY KEY (view_version, pack, install_id)
-);
+)
+ WITHOUT ROWID;
 CREATE INDEX ix_view_pack_generation_0 ON view_pack_generation (view_version, status);
 
 CREATE VIEW _System_InstalledPack AS SELECT t.pack, t.install_id, t.category, t.source_kind, t.locator, t.revision, t.applied_payload_hash, t.status, t.epoch FROM view_installed_pack t JOIN projection_state s ON s.name = X'696e7374616c6c65645f7061636b' AND t.view_version = s.live_version;
