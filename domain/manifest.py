@@ -85,7 +85,9 @@ class BindingModel(StrictModel):
 
 class ManifestModel(StrictModel):
     packs: list[ManifestPackModel] = Field(default_factory=list)
-    bindings: list[BindingModel] = Field(default_factory=list)
+    #: Absent: keep the current bindings (re-bound to moved generations);
+    #: present (even empty): exactly this set.
+    bindings: list[BindingModel] | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ class BindingSpec:
 @dataclass(frozen=True)
 class Manifest:
     packs: tuple[ManifestPack, ...]
-    bindings: tuple[BindingSpec, ...]
+    bindings: tuple[BindingSpec, ...] | None
 
 
 def parse_manifest(data: Any, *, file: str) -> Manifest:
@@ -160,7 +162,7 @@ def parse_manifest(data: Any, *, file: str) -> Manifest:
         packs.append(ManifestPack(PackName.trusted(pack.name), source))
     bindings: list[BindingSpec] = []
     seen_bindings: dict[BindingSpec, int] = {}
-    for index, binding in enumerate(model.bindings):
+    for index, binding in enumerate(model.bindings or []):
         try:
             audience = Audience.parse(binding.audience, field=f"bindings[{index}].audience")
         except InvalidInput as exc:
@@ -187,7 +189,8 @@ def parse_manifest(data: Any, *, file: str) -> Manifest:
             )
         seen_bindings[spec] = index
         bindings.append(spec)
-    return Manifest(tuple(packs), tuple(sorted(bindings, key=BindingSpec.sort_key)))
+    specs = tuple(sorted(bindings, key=BindingSpec.sort_key))
+    return Manifest(tuple(packs), specs if model.bindings is not None else None)
 
 
 # -- legacy `_System_InstalledPack` records -----------------------------------------------

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The main job on the embedded SQLite default, in a scratch folder:
 # build the example pack repository, apply release 1, apply release 2,
-# re-apply release 2 (a no-op), and show the status and the log head.
+# re-apply release 2 (a no-op), show the status, the published catalog revision
+# and its digest, and the log head.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 work="${DEMO_DIR:-$here/../demo-work}"
@@ -21,5 +22,7 @@ echo "== catalog-ledger apply release-2.json (again: nothing to do)"
 catalog-ledger apply release-2.json
 echo "== catalog-ledger status"
 catalog-ledger status
+echo "== catalog-ledger publish (nothing changed: no new revision)"
+catalog-ledger publish
 echo "== catalog-ledger log --from 1 --limit 5"
 catalog-ledger log --from 1 --limit 5

@@ -253,10 +253,18 @@ def _service(**kwargs: Any) -> CommandService:
     show_default=True,
     help="Seconds to wait for the writer lease held by another process.",
 )
+@click.option(
+    "--publish/--no-publish",
+    default=True,
+    show_default=True,
+    help="Publish the catalog revision in the same append (validated either way).",
+)
 @json_option
-def apply(manifest: Path, command_id: str | None, wait: float, as_json: bool) -> None:
+def apply(
+    manifest: Path, command_id: str | None, wait: float, publish: bool, as_json: bool
+) -> None:
     """Converge the store to a release manifest (packs, then bindings and publication)."""
-    result = _service(lease_wait=wait).apply(manifest, command_id=command_id)
+    result = _service(lease_wait=wait).apply(manifest, command_id=command_id, publish=publish)
 
     def human() -> None:
         state = (
@@ -276,6 +284,42 @@ def apply(manifest: Path, command_id: str | None, wait: float, as_json: bool) ->
             if pack.get("epoch"):
                 extra += f" epoch={pack['epoch']}"
             click.echo(f"  {pack['pack']}: {pack['decision']}{extra}")
+        bindings = result.get("bindings", {})
+        moved = {k: len(v) for k, v in bindings.items() if v}
+        if moved:
+            click.echo("  bindings: " + ", ".join(f"{n} {k}" for k, n in moved.items()))
+        catalog = result.get("catalog")
+        if catalog:
+            verb = "published" if catalog["published"] else "unchanged"
+            click.echo(
+                f"  catalog revision {catalog['revision']} ({verb}) digest "
+                f"{catalog['content_digest']}"
+            )
+
+    emit(as_json, result, human)
+
+
+@cli.command()
+@click.option("--command-id", default=None, metavar="ID", help="Idempotency key.")
+@json_option
+def publish(command_id: str | None, as_json: bool) -> None:
+    """Validate every audience's closure and publish one catalog revision (if changed)."""
+    result = _service().publish(command_id=command_id)
+
+    def human() -> None:
+        if result.get("replayed"):
+            state = "replayed (already recorded)"
+        elif result["noop"]:
+            state = "unchanged, nothing published"
+        else:
+            state = "published"
+        click.echo(f"publish {result['command_id']}: {state}")
+        click.echo(f"  revision {result['revision']} digest {result['content_digest']}")
+        counts = result["counts"]
+        click.echo(
+            f"  {counts['audiences']} audience(s), {counts['grants']} grant(s), "
+            f"{counts['facts']} fact(s), {counts['activations']} pack(s)"
+        )
 
     emit(as_json, result, human)
 

@@ -32,6 +32,7 @@ from eventsourcing.domain import Aggregate
 from sqlalchemy.engine import Connection
 
 from domain.canonical import canonical_bytes, parse_json
+from domain.catalog import catalog_id
 from domain.coordination import CommandRecord, Lease, lease_id
 from domain.digests import Purpose, digest, lp
 from domain.errors import Conflict, LedgerError, LifecycleRejected
@@ -58,12 +59,45 @@ from domain.lifecycle import (
     install_id_for,
     rejection,
 )
-from domain.manifest import parse_legacy_records
+from domain.manifest import BindingSpec, parse_legacy_records
+from ledger.publishing import (
+    BindingChange,
+    CatalogSnapshot,
+    PublishPlan,
+    binding_aggregates,
+    content_authority,
+    fence_ids,
+    plan_bindings,
+    plan_publication,
+    positioned_catalog,
+    read_snapshot,
+)
 from ledger.runtime import Ledger, LogReader
 from ledger.sources import ResolvedPack, read_input_file, resolve_manifest
 from projections.queries import preparing_generations
+from publisher.catalog import CatalogInput, PackAuthority
 
 WRITER_LEASE = "writer"
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one ``apply`` appends besides lifecycle events."""
+
+    changes: list[BindingChange]
+    publication: PublishPlan
+    fence_ids: list[UUID]
+    noop: bool
+    authorities: dict[str, PackAuthority]
+
+
+@dataclass(frozen=True)
+class StagedPublication:
+    """A validated revision built in memory, not yet appended."""
+
+    result: dict[str, Any]
+    aggregates: list[Aggregate]
+    fence: dict[UUID, int]
 
 
 @dataclass(frozen=True)
@@ -187,22 +221,28 @@ class CommandService:
         *,
         extra: Sequence[Aggregate] = (),
         states: Mapping[PackName, PackState] | None = None,
+        fence: Mapping[UUID, int] | None = None,
     ) -> None:
-        """Preflight, build, and append with the terminal re-check inside the transaction."""
+        """Preflight, build, and append with the terminal re-check inside the transaction.
+
+        ``fence`` adds versions of aggregates read for the decision besides the
+        packs' own (catalog, audiences, packs the catalog uses).
+        """
         if states is None:
             with self.ledger.snapshot() as reader:
                 states = {pack: reader.pack_state(pack) for pack in commands}
         self._check(commands, states)
-        fence = dict(handle.fence)
+        versions = dict(fence or {})
+        versions.update(handle.fence)
         for state in states.values():
-            fence.update(state.fence())
+            versions.update(state.fence())
         aggregates = build(states)  # after the fence: building moves aggregate versions
 
         def terminal(conn: Connection) -> None:
             reader = self.ledger.reader(conn)
             self._check(commands, {pack: reader.pack_state(pack) for pack in commands})
 
-        self.ledger.app.save(*aggregates, *extra, fence=fence, precommit=terminal)
+        self.ledger.app.save(*aggregates, *extra, fence=versions, precommit=terminal)
 
     # -- recovery (R12) ------------------------------------------------------------------
 
@@ -281,6 +321,9 @@ class CommandService:
         adoptions: Sequence[ResolvedPack] = (),
         local_updates: Sequence[ResolvedPack] = (),
         record: CommandRecord | None = None,
+        extra: Sequence[Aggregate] = (),
+        fence: Mapping[UUID, int] | None = None,
+        states: Mapping[PackName, PackState] | None = None,
     ) -> dict[str, int]:
         """One append (R8): candidates active, pointers +1, predecessors retired,
         adoptions and local in-place updates recorded; returns pack -> epoch."""
@@ -319,7 +362,14 @@ class CommandService:
                 out.append(self._local(states[PackName.trusted(resolved.name)], resolved))
             return out
 
-        self.checked_append(handle, commands, build, extra=[record] if record else ())
+        self.checked_append(
+            handle,
+            commands,
+            build,
+            extra=[*extra, *([record] if record else [])],
+            fence=fence,
+            states=states,
+        )
         return epochs
 
     @staticmethod
@@ -417,9 +467,20 @@ class CommandService:
 
     # -- apply (packs) -------------------------------------------------------------------
 
-    def apply(self, manifest_path: Path, *, command_id: str | None = None) -> dict[str, Any]:
-        """Converge the store to a release manifest's ``packs`` (DESIGN "Inputs")."""
-        _manifest, resolved = resolve_manifest(manifest_path)
+    def apply(
+        self, manifest_path: Path, *, command_id: str | None = None, publish: bool = True
+    ) -> dict[str, Any]:
+        """Converge the store to a release manifest: packs, bindings, one published revision.
+
+        Everything knowable is validated before any append: every pack's
+        lifecycle step (R11) and the complete catalog the release would publish
+        (R15, R16) — a rejected closure appends nothing at all. Then, under the
+        writer lease: prepare candidates, and one final append activating them,
+        converging bindings and publishing the revision (R8, R16). With
+        ``publish=False`` the release is validated the same way but the revision
+        is left to a later ``publish``.
+        """
+        manifest, resolved = resolve_manifest(manifest_path)
         request = {
             "kind": "apply",
             "packs": [
@@ -432,6 +493,10 @@ class CommandService:
                 }
                 for r in resolved
             ],
+            "bindings": None
+            if manifest.bindings is None
+            else [list(b.sort_key()) for b in manifest.bindings],
+            "publish": publish,
         }
         request_digest = self.request_digest(request)
         with self.ledger.snapshot() as reader:
@@ -443,48 +508,146 @@ class CommandService:
                 PackName.trusted(r.name): reader.pack_state(PackName.trusted(r.name))
                 for r in resolved
             }
-        plan = self._plan(resolved, {p: after_recovery(s) for p, s in states.items()})
-        if all(decision is Decision.UNCHANGED for decision, _ in plan.values()):
-            return self._result(cid, resolved, plan, {}, {}, recovered=[], noop=True)
+            catalog = read_snapshot(self.ledger, reader.conn)
+        recovered_states = {p: after_recovery(s) for p, s in states.items()}
+        plan = self._plan(resolved, recovered_states)
+        preview = self._release(
+            resolved,
+            plan,
+            recovered_states,
+            catalog,
+            manifest.bindings,
+            candidates=None,
+            publish=publish,
+        )
+        if preview.noop:
+            return self._result(cid, resolved, plan, {}, preview, recovered=[], noop=True)
         with self.leased() as handle:
             with self.ledger.snapshot() as reader:
                 states = {p: reader.pack_state(p) for p in states}
             plan = self._plan(resolved, states)
-            to_prepare: list[tuple[ResolvedPack, Command]] = []
-            epochs: dict[str, int] = {}
-            for r in resolved:
-                decision, command = plan[r.name]
-                activation = states[PackName.trusted(r.name)].activation
-                if decision in (Decision.INSTALL, Decision.ADVANCE) and command is not None:
-                    to_prepare.append((r, command))
-                    epochs[r.name] = activation.epoch + 1 if activation else 1
-                elif decision is Decision.ADOPT:
-                    epochs[r.name] = 1
+            to_prepare = [
+                (r, cmd)
+                for r in resolved
+                for decision, cmd in [plan[r.name]]
+                if cmd is not None and decision in (Decision.INSTALL, Decision.ADVANCE)
+            ]
             candidates = self.prepare(handle, to_prepare) if to_prepare else {}
-            result = self._result(
-                cid,
-                resolved,
-                plan,
-                candidates,
-                epochs,
-                recovered=list(handle.recovered),
-                noop=False,
-            )
-            record = CommandRecord(
-                command_id=cid, kind="apply", request_digest=request_digest, result=result
-            )
             try:
-                self.activate(
+                return self._finish(
                     handle,
+                    cid,
+                    request_digest,
+                    resolved,
+                    plan,
                     candidates,
-                    adoptions=[r for r in resolved if plan[r.name][0] is Decision.ADOPT],
-                    local_updates=[r for r in resolved if plan[r.name][0] is Decision.LOCAL_UPDATE],
-                    record=record,
+                    manifest.bindings,
+                    publish=publish,
                 )
             except LedgerError as exc:
                 self._abandon(handle, candidates, exc)
                 raise
+
+    def _finish(
+        self,
+        handle: LeaseHandle,
+        cid: str,
+        request_digest: str,
+        resolved: Sequence[ResolvedPack],
+        plan: Mapping[str, tuple[Decision, Command | None]],
+        candidates: Mapping[str, str],
+        desired: Sequence[BindingSpec] | None,
+        *,
+        publish: bool,
+    ) -> dict[str, Any]:
+        """The final append of a release: activations + bindings + revision + record."""
+        with self.ledger.snapshot() as reader:
+            states = {
+                PackName.trusted(r.name): reader.pack_state(PackName.trusted(r.name))
+                for r in resolved
+            }
+            catalog = read_snapshot(self.ledger, reader.conn)
+            release = self._release(
+                resolved, plan, states, catalog, desired, candidates=candidates, publish=publish
+            )
+            versions = self.ledger.recorder.versions(reader.conn, release.fence_ids)
+            extra: list[Aggregate] = list(binding_aggregates(reader, release.changes, versions))
+            if release.publication.event is not None:
+                lineage = positioned_catalog(reader, catalog.parent, versions[catalog_id()])
+                lineage.publish(
+                    **{k: v for k, v in release.publication.event.items() if k != "revision"}
+                )
+                extra.append(lineage)
+        result = self._result(
+            cid, resolved, plan, candidates, release, recovered=list(handle.recovered), noop=False
+        )
+        record = CommandRecord(
+            command_id=cid, kind="apply", request_digest=request_digest, result=result
+        )
+        self.activate(
+            handle,
+            candidates,
+            adoptions=[r for r in resolved if plan[r.name][0] is Decision.ADOPT],
+            local_updates=[r for r in resolved if plan[r.name][0] is Decision.LOCAL_UPDATE],
+            record=record,
+            extra=extra,
+            fence=versions,
+            states=states,
+        )
         return result
+
+    def _release(
+        self,
+        resolved: Sequence[ResolvedPack],
+        plan: Mapping[str, tuple[Decision, Command | None]],
+        states: Mapping[PackName, PackState],
+        catalog: CatalogSnapshot,
+        desired: Sequence[BindingSpec] | None,
+        *,
+        candidates: Mapping[str, str] | None,
+        publish: bool,
+    ) -> Release:
+        """What the release will serve: simulated authorities, bindings, the revision.
+
+        With ``candidates=None`` (preflight) install ids are predicted exactly as
+        ``prepare`` will mint them; validation raises before anything is written.
+        """
+        packs = dict(catalog.packs)
+        for r in resolved:
+            decision, _ = plan[r.name]
+            state = states[PackName.trusted(r.name)]
+            revision = r.source.revision or ""
+            if decision in (Decision.INSTALL, Decision.ADVANCE):
+                install_id = (candidates or {}).get(r.name) or install_id_for(
+                    r.name, revision, r.content.payload_hash_v1, state.next_ordinal
+                )
+                epoch = state.activation.epoch + 1 if state.activation else 1
+                packs[r.name] = content_authority(r.name, install_id, revision, epoch, r.content)
+            elif decision is Decision.ADOPT:
+                assert state.legacy is not None
+                packs[r.name] = content_authority(
+                    r.name, state.legacy.install_id, revision, 1, r.content
+                )
+            elif decision is Decision.LOCAL_UPDATE:
+                packs[r.name] = PackAuthority(pack=r.name, source_kind="local_path")
+        rows, changes = plan_bindings(catalog.bindings, desired, packs)
+        publication = plan_publication(CatalogInput(rows, packs), catalog.parent, None)
+        if not publish:
+            publication = PublishPlan(publication.built, publication.parent, None)
+        used = {row.pack for row in rows} | set(catalog.parent.activations)
+        audiences = (
+            {row.audience for row in rows}
+            | {c.row.audience for c in changes}
+            | set(catalog.parent.audiences)
+        )
+        unchanged = all(plan[r.name][0] is Decision.UNCHANGED for r in resolved)
+        return Release(
+            changes=changes,
+            publication=publication,
+            fence_ids=fence_ids(catalog, used, audiences),
+            noop=unchanged and not changes and not publication.changed,
+            authorities=packs,
+        )
 
     def _plan(
         self, resolved: Sequence[ResolvedPack], states: Mapping[PackName, PackState]
@@ -521,14 +684,18 @@ class CommandService:
         resolved: Sequence[ResolvedPack],
         plan: Mapping[str, tuple[Decision, Command | None]],
         candidates: Mapping[str, str],
-        epochs: Mapping[str, int],
+        release: Release,
         *,
         recovered: list[dict[str, str]],
         noop: bool,
     ) -> dict[str, Any]:
+        event = release.publication.event
         packs = []
         for r in resolved:
             decision = plan[r.name][0]
+            authority = release.authorities.get(r.name)
+            moved = decision in (Decision.INSTALL, Decision.ADVANCE, Decision.ADOPT)
+            epoch = authority.epoch if authority is not None and moved else None
             packs.append(
                 {
                     "pack": r.name,
@@ -537,16 +704,71 @@ class CommandService:
                     "revision": r.source.revision,
                     "payload_hash": r.content.payload_hash_v1,
                     "install_id": candidates.get(r.name),
-                    "epoch": epochs.get(r.name),
+                    "epoch": epoch,
                 }
             )
+        bindings: dict[str, list[dict[str, Any]]] = {"granted": [], "rebound": [], "revoked": []}
+        names = {"grant": "granted", "rebind": "rebound", "revoke": "revoked"}
+        for change in release.changes:
+            bindings[names[change.op]].append(change.to_json())
         return {
             "command_id": cid,
             "noop": noop,
             "replayed": False,
             "packs": packs,
+            "bindings": bindings,
+            "catalog": {
+                "revision": event["revision"] if event else release.publication.parent.revision,
+                "content_digest": release.publication.built.content_digest,
+                "published": event is not None,
+                "counts": release.publication.built.counts,
+            },
             "recovered": recovered,
         }
+
+    # -- publish ------------------------------------------------------------------------
+
+    def publish(self, *, command_id: str | None = None) -> dict[str, Any]:
+        """Validate every audience and append one revision, or nothing if unchanged (R16)."""
+        staged = self.stage_publication(command_id=command_id)
+        return staged if isinstance(staged, dict) else self.commit_publication(staged)
+
+    def stage_publication(
+        self, *, command_id: str | None = None
+    ) -> dict[str, Any] | StagedPublication:
+        """Read, build and validate the whole revision in memory (no write).
+
+        Returns the final result when there is nothing to append (exact retry or
+        unchanged content), else the staged revision for ``commit_publication``.
+        """
+        request_digest = self.request_digest({"kind": "publish"})
+        with self.ledger.snapshot() as reader:
+            cid = self._command_id(command_id, "publish", request_digest, reader)
+            prior = self.recorded(reader, cid, "publish", request_digest)
+            if prior is not None:
+                return {**prior, "replayed": True}
+            catalog = read_snapshot(self.ledger, reader.conn)
+            publication = plan_publication(catalog.input(), catalog.parent, catalog.position)
+            result = {"command_id": cid, "replayed": False, **publication.summary()}
+            if publication.event is None:
+                return {**result, "noop": True}
+            used = {row.pack for row in catalog.bindings} | set(catalog.parent.activations)
+            audiences = {row.audience for row in catalog.bindings} | set(catalog.parent.audiences)
+            versions = self.ledger.recorder.versions(
+                reader.conn, fence_ids(catalog, used, audiences)
+            )
+            lineage = positioned_catalog(reader, catalog.parent, versions[catalog_id()])
+        lineage.publish(**{k: v for k, v in publication.event.items() if k != "revision"})
+        result["noop"] = False
+        record = CommandRecord(
+            command_id=cid, kind="publish", request_digest=request_digest, result=result
+        )
+        return StagedPublication(result, [lineage, record], versions)
+
+    def commit_publication(self, staged: StagedPublication) -> dict[str, Any]:
+        """Append the staged revision as one event, fenced on everything it read."""
+        self.ledger.app.save(*staged.aggregates, fence=staged.fence)
+        return staged.result
 
     # -- legacy import -------------------------------------------------------------------
 

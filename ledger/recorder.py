@@ -283,6 +283,23 @@ class LedgerRecorder(ApplicationRecorder):
             for version, topic, state in conn.execute(query)
         ]
 
+    def versions(self, conn: Connection, aggregates: Sequence[UUID]) -> dict[UUID, int]:
+        """Current version of each aggregate (0 when it has no events), in chunks."""
+        out = {agg: 0 for agg in aggregates}
+        keys = [agg.bytes for agg in out]
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            for start in range(0, len(keys), _FENCE_CHUNK):
+                chunk = keys[start : start + _FENCE_CHUNK]
+                cursor.execute(
+                    self._sql_max_versions.format(ids=", ".join([self._p] * len(chunk))), chunk
+                )
+                for agg, version in cursor.fetchall():
+                    out[UUID(bytes=bytes(agg))] = int(version)
+        finally:
+            cursor.close()
+        return out
+
     def current_version(self, conn: Connection, aggregate: UUID) -> int:
         """The aggregate's latest version in the log (0 when it has no events)."""
         ev = schema.events

@@ -12,7 +12,8 @@ from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 from uuid import UUID
 
-from eventsourcing.domain import Aggregate
+from eventsourcing.domain import Aggregate, Snapshot
+from eventsourcing.utils import get_topic
 from sqlalchemy.engine import Connection
 
 from domain.coordination import CommandRecord, Lease, command_record_id, lease_id
@@ -113,3 +114,24 @@ class LogReader:
 
     def version(self, aggregate: UUID) -> int:
         return self.ledger.recorder.current_version(self.conn, aggregate)
+
+    def positioned(self, cls: type[A], aggregate: UUID, version: int, **state: Any) -> A:
+        """``cls`` at ``version`` with ``state`` read from an inline view, without replay.
+
+        For aggregates whose decisions are made against views (bindings, the
+        catalog lineage) and which only need their identity and version to
+        append: an ``eventsourcing`` snapshot built from the view state in this
+        same read transaction. The version is the log's, so the read fence still
+        guards every decision made on that state.
+        """
+        stamp = Snapshot.create_timestamp()
+        snapshot = Snapshot(
+            originator_id=aggregate,
+            originator_version=version,
+            timestamp=stamp,
+            topic=get_topic(cls),
+            state={**state, "_created_on": stamp, "_modified_on": stamp},
+        )
+        result = snapshot.mutate(None)
+        assert isinstance(result, cls)
+        return result

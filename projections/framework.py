@@ -121,6 +121,10 @@ class RowStore(ABC):
     @abstractmethod
     def delete(self, table: ViewTable, key: Key) -> None: ...
 
+    @abstractmethod
+    def scan(self, table: ViewTable, **equal: Any) -> list[Row]:
+        """Every row whose columns equal ``equal`` (meant for small tables/filters)."""
+
 
 class Projection(ABC):
     """A pure function of the log into view rows (R20)."""
@@ -156,6 +160,12 @@ class MemoryRowStore(RowStore):
 
     def rows(self, table: ViewTable) -> dict[Key, Row]:
         return self.tables[table.name]
+
+    def scan(self, table: ViewTable, **equal: Any) -> list[Row]:
+        found = self.tables[table.name].values()
+        if not equal:
+            return list(found)
+        return [r for r in found if all(r[c] == v for c, v in equal.items())]
 
 
 _DELETED: Row = {}
@@ -200,6 +210,25 @@ class SqlRowStore(RowStore):
 
     def delete(self, table: ViewTable, key: Key) -> None:
         self._pending[(table.name, key)] = (table, _DELETED)
+
+    def scan(self, table: ViewTable, **equal: Any) -> list[Row]:
+        t = table.physical
+        query = sa.select(*(t.c[c] for c in table.columns)).where(
+            t.c.view_version == self.view_version, *(t.c[c] == v for c, v in equal.items())
+        )
+        found = {
+            table.key_of(r): r
+            for r in (_normalize(row._asdict()) for row in self.conn.execute(query))
+        }
+        for layer in (self._done, self._pending):
+            for (name, key), (_, row) in layer.items():
+                if name != table.name:
+                    continue
+                if row is _DELETED or not all(row[c] == v for c, v in equal.items()):
+                    found.pop(key, None)
+                else:
+                    found[key] = row
+        return list(found.values())
 
     def commit_event(self) -> None:
         self._done.update(self._pending)

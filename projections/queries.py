@@ -20,7 +20,7 @@ from projections.lifecycle_views import (
 from projections.sqltypes import dec
 
 
-def _require_running(conn: Connection, *names: str) -> dict[str, int]:
+def require_running(conn: Connection, *names: str) -> dict[str, int]:
     """Live versions of ``names``; fail closed when one is stopped or missing."""
     states = load_states(conn)
     versions = {}
@@ -41,7 +41,7 @@ def _require_running(conn: Connection, *names: str) -> dict[str, int]:
 
 def preparing_generations(conn: Connection) -> list[tuple[str, str]]:
     """(pack, install_id) of every attempt still ``preparing``, bytewise order."""
-    version = _require_running(conn, PackGenerationView.name)[PackGenerationView.name]
+    version = require_running(conn, PackGenerationView.name)[PackGenerationView.name]
     t = PACK_GENERATION.physical
     rows = conn.execute(
         sa.select(t.c.pack, t.c.install_id)
@@ -53,7 +53,7 @@ def preparing_generations(conn: Connection) -> list[tuple[str, str]]:
 
 def pack_status(conn: Connection) -> list[dict[str, Any]]:
     """Per pack: selected generation, newest attempt and whether it is dirty."""
-    versions = _require_running(
+    versions = require_running(
         conn, InstalledPackView.name, PackGenerationView.name, PackActivationView.name
     )
     ip, gen, act = INSTALLED_PACK.physical, PACK_GENERATION.physical, PACK_ACTIVATION.physical

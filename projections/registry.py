@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from projections.catalog_views import CATALOG_PROJECTIONS
 from projections.command_log import CommandLogView
 from projections.framework import Projection, ViewTable
 from projections.lifecycle_views import LIFECYCLE_PROJECTIONS
 
-ALL_PROJECTIONS: tuple[Projection, ...] = (*LIFECYCLE_PROJECTIONS, CommandLogView())
+ALL_PROJECTIONS: tuple[Projection, ...] = (
+    *LIFECYCLE_PROJECTIONS,
+    *CATALOG_PROJECTIONS,
+    CommandLogView(),
+)
 
 
 def view_sql(table: ViewTable, projection: str) -> str:

@@ -465,7 +465,7 @@ class ProjectionRunner:
         for table in projection.tables:
             have = live[table.name]
             want = memory.rows(table)
-            for key in sorted(set(have) | set(want)):
+            for key in sorted(set(have) | set(want), key=_safe_key):
                 a, b = have.get(key), want.get(key)
                 if a == b:
                     continue
@@ -510,6 +510,19 @@ class ProjectionRunner:
                 }
             )
         return {"head": head.position, "views": views}
+
+
+def _safe_key(key: tuple[Any, ...]) -> tuple[tuple[int, Any], ...]:
+    """Sort key that never fails, even on hand-edited rows of the wrong type."""
+    out: list[tuple[int, Any]] = []
+    for part in key:
+        if isinstance(part, bool | int):
+            out.append((0, int(part)))
+        elif isinstance(part, bytes | bytearray | memoryview):
+            out.append((1, bytes(part)))
+        else:
+            out.append((2, str(part)))
+    return tuple(out)
 
 
 def _insert_order(rows: dict[tuple[Any, ...], Row]) -> list[Row]:

@@ -39,6 +39,85 @@ CREATE TABLE projection_state (
 	PRIMARY KEY (name)
 );
 
+CREATE TABLE view_audience_binding (
+	view_version INTEGER NOT NULL,
+	audience_kind VARBINARY(16) NOT NULL,
+	audience_id VARBINARY(255) NOT NULL,
+	pack VARBINARY(255) NOT NULL,
+	kind VARBINARY(255) NOT NULL,
+	`key` VARBINARY(255) NOT NULL,
+	credential_set VARBINARY(255) NOT NULL,
+	install_id VARBINARY(255) NOT NULL,
+	payload_hash VARBINARY(80) NOT NULL,
+	position BIGINT NOT NULL,
+	PRIMARY KEY (view_version, audience_kind, audience_id, pack, kind, `key`, credential_set)
+);
+
+CREATE TABLE view_catalog_activation (
+	view_version INTEGER NOT NULL,
+	pack VARBINARY(255) NOT NULL,
+	to_revision BIGINT NOT NULL,
+	from_revision BIGINT NOT NULL,
+	install_id VARBINARY(255) NOT NULL,
+	revision VARBINARY(255) NOT NULL,
+	epoch BIGINT NOT NULL,
+	payload_hash VARBINARY(80) NOT NULL,
+	PRIMARY KEY (view_version, pack, to_revision)
+);
+
+CREATE TABLE view_catalog_audience (
+	view_version INTEGER NOT NULL,
+	audience_kind VARBINARY(16) NOT NULL,
+	audience_id VARBINARY(255) NOT NULL,
+	to_revision BIGINT NOT NULL,
+	from_revision BIGINT NOT NULL,
+	digest VARBINARY(64) NOT NULL,
+	PRIMARY KEY (view_version, audience_kind, audience_id, to_revision)
+);
+
+CREATE TABLE view_catalog_grant (
+	view_version INTEGER NOT NULL,
+	audience_kind VARBINARY(16) NOT NULL,
+	audience_id VARBINARY(255) NOT NULL,
+	pack VARBINARY(255) NOT NULL,
+	kind VARBINARY(255) NOT NULL,
+	`key` VARBINARY(255) NOT NULL,
+	credential_set VARBINARY(255) NOT NULL,
+	to_revision BIGINT NOT NULL,
+	from_revision BIGINT NOT NULL,
+	install_id VARBINARY(255) NOT NULL,
+	payload_hash VARBINARY(80) NOT NULL,
+	PRIMARY KEY (view_version, audience_kind, audience_id, pack, kind, `key`, credential_set, to_revision)
+);
+
+CREATE TABLE view_catalog_pending (
+	view_version INTEGER NOT NULL,
+	audience_kind VARBINARY(16) NOT NULL,
+	audience_id VARBINARY(255) NOT NULL,
+	pack VARBINARY(255) NOT NULL,
+	kind VARBINARY(255) NOT NULL,
+	`key` VARBINARY(255) NOT NULL,
+	credential_set VARBINARY(255) NOT NULL,
+	position BIGINT NOT NULL,
+	op VARBINARY(8) NOT NULL,
+	install_id VARBINARY(255),
+	payload_hash VARBINARY(80),
+	PRIMARY KEY (view_version, audience_kind, audience_id, pack, kind, `key`, credential_set, position)
+);
+
+CREATE TABLE view_catalog_revision (
+	view_version INTEGER NOT NULL,
+	revision BIGINT NOT NULL,
+	content_digest VARBINARY(64) NOT NULL,
+	parent_digest VARBINARY(64),
+	position BIGINT NOT NULL,
+	audiences BIGINT NOT NULL,
+	activations BIGINT NOT NULL,
+	facts BIGINT NOT NULL,
+	grants BIGINT NOT NULL,
+	PRIMARY KEY (view_version, revision)
+);
+
 CREATE TABLE view_command_log (
 	view_version INTEGER NOT NULL,
 	command_id VARBINARY(255) NOT NULL,
@@ -113,5 +192,17 @@ CREATE VIEW _System_PackGeneration AS SELECT t.pack, t.install_id, t.ordinal, t.
 CREATE VIEW _System_PackActivation AS SELECT t.pack, t.install_id, t.epoch, t.revision, t.payload_hash, t.position FROM view_pack_activation t JOIN projection_state s ON s.name = X'7061636b5f61637469766174696f6e' AND t.view_version = s.live_version;
 
 CREATE VIEW _System_PackComponent AS SELECT t.pack, t.install_id, t.kind, t.key, t.payload_hash, t.fact, t.fact_digest FROM view_pack_component t JOIN projection_state s ON s.name = X'7061636b5f636f6d706f6e656e74' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_AudienceBinding AS SELECT t.audience_kind, t.audience_id, t.pack, t.kind, t.key, t.credential_set, t.install_id, t.payload_hash, t.position FROM view_audience_binding t JOIN projection_state s ON s.name = X'61756469656e63655f62696e64696e67' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_CatalogRevision AS SELECT t.revision, t.content_digest, t.parent_digest, t.position, t.audiences, t.activations, t.facts, t.grants FROM view_catalog_revision t JOIN projection_state s ON s.name = X'636174616c6f67' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_CatalogActivation AS SELECT t.pack, t.to_revision, t.from_revision, t.install_id, t.revision, t.epoch, t.payload_hash FROM view_catalog_activation t JOIN projection_state s ON s.name = X'636174616c6f67' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_CatalogGrant AS SELECT t.audience_kind, t.audience_id, t.pack, t.kind, t.key, t.credential_set, t.to_revision, t.from_revision, t.install_id, t.payload_hash FROM view_catalog_grant t JOIN projection_state s ON s.name = X'636174616c6f67' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_CatalogAudience AS SELECT t.audience_kind, t.audience_id, t.to_revision, t.from_revision, t.digest FROM view_catalog_audience t JOIN projection_state s ON s.name = X'636174616c6f67' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_CatalogPending AS SELECT t.audience_kind, t.audience_id, t.pack, t.kind, t.key, t.credential_set, t.position, t.op, t.install_id, t.payload_hash FROM view_catalog_pending t JOIN projection_state s ON s.name = X'636174616c6f67' AND t.view_version = s.live_version;
 
 CREATE VIEW _System_CommandLog AS SELECT t.command_id, t.kind, t.request_digest, t.position FROM view_command_log t JOIN projection_state s ON s.name = X'636f6d6d616e645f6c6f67' AND t.view_version = s.live_version;

@@ -65,15 +65,43 @@ def _assert_compat_view_follows_activation(db: Database) -> None:
             assert bytes(generation_status) == b"active"
 
 
+def _bindings(packs: list[str], audience: str) -> list[dict[str, Any]]:
+    return [
+        b
+        for p in packs
+        for b in (
+            {
+                "audience": audience,
+                "pack": p,
+                "kind": "push_contract",
+                "key": "Order.push",
+                "credential_set": "erp-prod",
+            },
+            {
+                "audience": audience,
+                "pack": p,
+                "kind": "callout_profile",
+                "key": "erp",
+                "credential_set": "erp-prod",
+            },
+        )
+    ]
+
+
 def _mixed_history(world: World) -> None:
-    """Upgrades, failed attempts (clean and dirty), retries and a local pack."""
+    """Upgrades, failed attempts (clean and dirty), retries, bindings, publications,
+    a local pack, and binding changes left unpublished at the end."""
     packs = ["sales", "core", "billing", "Sales", unicodedata.normalize("NFD", "pâck")]
     commits = {p: [world.commit(p, v) for v in range(1, 6)] for p in packs}
     world.apply(
         {"name": "dev", "source": {"kind": "local_path", "path": str(world.local_dir("dev", 1))}}
     )
     for version in range(5):
-        world.apply(*[world.official(p, commits[p][version]) for p in packs])
+        audiences = ["integration:a", f"app:tenant-{version}"]
+        bindings = [b for a in audiences for b in _bindings(packs[: version + 1], a)]
+        world.service.apply(
+            world.manifest([world.official(p, commits[p][version]) for p in packs], bindings)
+        )
         _assert_compat_view_follows_activation(world.db)
         if version in (1, 3):
             handle = world.service.acquire_lease()
@@ -91,6 +119,12 @@ def _mixed_history(world: World) -> None:
     world.local_dir("dev", 2)
     world.apply(
         {"name": "dev", "source": {"kind": "local_path", "path": str(world.local_dir("dev", 2))}}
+    )
+    world.service.apply(
+        world.manifest(
+            [world.official(p, commits[p][4]) for p in packs], _bindings(packs[:2], "app:late")
+        ),
+        publish=False,
     )
 
 
@@ -273,13 +307,19 @@ def _tamper(db: Database, table: sa.Table, kind: str) -> None:
         changed = next(c for c in table.columns if c.name not in key)
         if kind == "edit":
             value = row[changed.name]
-            new: Any = value + 1 if isinstance(value, int) else bytes(value or b"") + b"-edited"
+            new: Any = value + 1 if isinstance(value, int) else _flip(bytes(value or b"x"))
             conn.execute(table.update().where(where).values({changed.name: new}))
             return
         forged = dict(row)
         last_key = key[-1]
-        forged[last_key] = bytes(row[last_key]) + b"-forged"
+        value = row[last_key]
+        forged[last_key] = value + 1000 if isinstance(value, int) else bytes(value) + b"-forged"
         conn.execute(table.insert().values(forged))
+
+
+def _flip(value: bytes) -> bytes:
+    """Change one byte without changing the length (columns have size limits)."""
+    return value[:-1] + bytes([value[-1] ^ 0x01])
 
 
 def _projection_of(physical: str) -> str:
@@ -364,8 +404,9 @@ def test_r20_poison_event_stops_the_view_reports_it_and_never_stalls_silently(
     assert views["installed_pack"]["error"]["topic"].endswith("LocalPack.Updated")
     assert "ghost" in views["installed_pack"]["error"]["error"]
     assert views["pack_generation"]["state"] == "running"
-    # Appends still commit; the stopped view lags and says so; readers fail closed.
-    world.apply(world.official("sales", world.commit("sales", 2)))
+    # Appends still commit; the stopped view lags and says so; readers and releases
+    # that depend on it fail closed, naming it.
+    world.service.release_lease(world.service.acquire_lease())
     views = {
         v["name"]: v
         for v in run_cli("--db", world.url, "projections", "status", "--json").json()["views"]
@@ -373,6 +414,9 @@ def test_r20_poison_event_stops_the_view_reports_it_and_never_stalls_silently(
     assert views["installed_pack"]["lag"] > 0 and views["pack_generation"]["lag"] == 0
     with world.db.read() as conn, pytest.raises(IntegrityFailure):
         pack_status(conn)
+    with pytest.raises(IntegrityFailure) as stopped:
+        world.apply(world.official("sales", world.commit("sales", 2)))
+    assert stopped.value.details["view"] == "installed_pack"
     # A rebuild cannot skip the poison event either: it names it and leaves the view alone.
     with pytest.raises(InvalidInput) as info:
         world.ledger.runner.rebuild(world.db, ["installed_pack"])

@@ -1,0 +1,294 @@
+"""Views for publication and runtime reading, applied inline.
+
+* ``_System_AudienceBinding`` — every binding in force now (published or not):
+  the publisher's input.
+* the catalog tables — what each published revision serves, shaped for the
+  reader: revisions, and temporal rows (``from_revision`` … ``to_revision``)
+  of bound activations, grant edges and per-audience digests. Rows in force at
+  the head have ``to_revision = OPEN``, so the current view of an audience is a
+  primary-key prefix read, and any earlier revision is a range read.
+
+Binding events change the catalog only when a revision is published: until
+then they wait in ``catalog_pending``; a ``Catalog.Published`` event turns them
+into grant rows of that revision (publication validated every one of them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+from eventsourcing.utils import get_topic
+
+from domain.catalog import AudienceBindings, Catalog
+from projections.framework import Projection, Row, RowStore, ViewEvent, ViewTable, view_table
+from projections.sqltypes import BigInt, Binary, enc
+
+T_GRANTED = get_topic(AudienceBindings.Granted)
+T_REBOUND = get_topic(AudienceBindings.Rebound)
+T_REVOKED = get_topic(AudienceBindings.Revoked)
+T_PUBLISHED = get_topic(Catalog.Published)
+
+#: ``to_revision`` of rows still in force at the head revision.
+OPEN = 2**62
+
+
+def binding_key(d: dict[str, Any]) -> tuple[bytes, ...]:
+    """(audience kind, audience id, pack, kind, key, credential set or b"")."""
+    cred = d.get("credential_set")
+    return (
+        enc(d["audience_kind"]),
+        enc(d["audience_id"]),
+        enc(d["pack"]),
+        enc(d["kind"]),
+        enc(d["key"]),
+        enc(cred) if cred is not None else b"",
+    )
+
+
+_BINDING_COLUMNS = (
+    sa.Column("audience_kind", Binary(16)),
+    sa.Column("audience_id", Binary(255)),
+    sa.Column("pack", Binary(255)),
+    sa.Column("kind", Binary(255)),
+    sa.Column("key", Binary(255)),
+    sa.Column("credential_set", Binary(255)),
+)
+_BINDING_KEY = ["audience_kind", "audience_id", "pack", "kind", "key", "credential_set"]
+
+
+def _columns(*extra: sa.Column[Any]) -> list[sa.Column[Any]]:
+    return [c._copy() for c in _BINDING_COLUMNS] + list(extra)
+
+
+AUDIENCE_BINDING = view_table(
+    "_System_AudienceBinding",
+    "view_audience_binding",
+    _BINDING_KEY,
+    *_columns(
+        sa.Column("install_id", Binary(255), nullable=False),
+        sa.Column("payload_hash", Binary(80), nullable=False),
+        sa.Column("position", BigInt(), nullable=False),
+    ),
+)
+
+
+class AudienceBindingView(Projection):
+    """Bindings in force now, by audience (R14)."""
+
+    name = "audience_binding"
+    version = 1
+    weight = 1.0
+    tables = (AUDIENCE_BINDING,)
+    topics: ClassVar[frozenset[str]] = frozenset({T_GRANTED, T_REBOUND, T_REVOKED})
+
+    def apply(self, event: ViewEvent, rows: RowStore) -> None:
+        d = event.data
+        key = binding_key(d)
+        if event.topic == T_REVOKED:
+            rows.delete(AUDIENCE_BINDING, key)
+            return
+        rows.put(
+            AUDIENCE_BINDING,
+            dict(
+                zip(_BINDING_KEY, key, strict=True),
+                install_id=enc(d["install_id"]),
+                payload_hash=enc(d["payload_hash"]),
+                position=event.position,
+            ),
+        )
+
+
+CATALOG_REVISION = view_table(
+    "_System_CatalogRevision",
+    "view_catalog_revision",
+    ["revision"],
+    sa.Column("revision", BigInt()),
+    sa.Column("content_digest", Binary(64), nullable=False),
+    sa.Column("parent_digest", Binary(64), nullable=True),
+    sa.Column("position", BigInt(), nullable=False),
+    sa.Column("audiences", BigInt(), nullable=False),
+    sa.Column("activations", BigInt(), nullable=False),
+    sa.Column("facts", BigInt(), nullable=False),
+    sa.Column("grants", BigInt(), nullable=False),
+)
+
+CATALOG_ACTIVATION = view_table(
+    "_System_CatalogActivation",
+    "view_catalog_activation",
+    ["pack", "to_revision"],
+    sa.Column("pack", Binary(255)),
+    sa.Column("to_revision", BigInt()),
+    sa.Column("from_revision", BigInt(), nullable=False),
+    sa.Column("install_id", Binary(255), nullable=False),
+    sa.Column("revision", Binary(255), nullable=False),
+    sa.Column("epoch", sa.BigInteger(), nullable=False),
+    sa.Column("payload_hash", Binary(80), nullable=False),
+)
+
+CATALOG_GRANT = view_table(
+    "_System_CatalogGrant",
+    "view_catalog_grant",
+    [*_BINDING_KEY, "to_revision"],
+    *_columns(
+        sa.Column("to_revision", BigInt()),
+        sa.Column("from_revision", BigInt(), nullable=False),
+        sa.Column("install_id", Binary(255), nullable=False),
+        sa.Column("payload_hash", Binary(80), nullable=False),
+    ),
+)
+
+CATALOG_AUDIENCE = view_table(
+    "_System_CatalogAudience",
+    "view_catalog_audience",
+    ["audience_kind", "audience_id", "to_revision"],
+    sa.Column("audience_kind", Binary(16)),
+    sa.Column("audience_id", Binary(255)),
+    sa.Column("to_revision", BigInt()),
+    sa.Column("from_revision", BigInt(), nullable=False),
+    sa.Column("digest", Binary(64), nullable=False),
+)
+
+CATALOG_PENDING = view_table(
+    "_System_CatalogPending",
+    "view_catalog_pending",
+    [*_BINDING_KEY, "position"],
+    *_columns(
+        sa.Column("position", BigInt()),
+        sa.Column("op", Binary(8), nullable=False),
+        sa.Column("install_id", Binary(255), nullable=True),
+        sa.Column("payload_hash", Binary(80), nullable=True),
+    ),
+)
+
+
+def _close(
+    rows: RowStore, table: ViewTable, open_key: tuple[Any, ...], revision: int
+) -> Row | None:
+    """End the row in force (``to_revision = OPEN``) at ``revision``; return it."""
+    current = rows.get(table, open_key)
+    if current is None:
+        return None
+    rows.delete(table, open_key)
+    rows.put(table, {**current, "to_revision": revision})
+    return current
+
+
+class CatalogView(Projection):
+    """Published revisions with their activations, grant edges and audience digests."""
+
+    name = "catalog"
+    version = 1
+    weight = 1.5
+    tables = (
+        CATALOG_REVISION,
+        CATALOG_ACTIVATION,
+        CATALOG_GRANT,
+        CATALOG_AUDIENCE,
+        CATALOG_PENDING,
+    )
+    topics: ClassVar[frozenset[str]] = frozenset({T_GRANTED, T_REBOUND, T_REVOKED, T_PUBLISHED})
+
+    def apply(self, event: ViewEvent, rows: RowStore) -> None:
+        d = event.data
+        if event.topic != T_PUBLISHED:
+            key = binding_key(d)
+            granted = event.topic != T_REVOKED
+            rows.put(
+                CATALOG_PENDING,
+                dict(
+                    zip(_BINDING_KEY, key, strict=True),
+                    position=event.position,
+                    op=b"grant" if granted else b"revoke",
+                    install_id=enc(d["install_id"]) if granted else None,
+                    payload_hash=enc(d["payload_hash"]) if granted else None,
+                ),
+            )
+            return
+        self._publish(event, rows)
+
+    def _publish(self, event: ViewEvent, rows: RowStore) -> None:
+        """Turn pending binding changes up to the revision's cut into its grant rows.
+
+        ``bindings_position`` is the log position the publisher read bindings at
+        (``None``: everything before this event, as inside one ``apply`` append);
+        later changes stay pending for the next revision, so the grants always
+        equal what was validated and digested.
+        """
+        d = event.data
+        r = int(d["revision"])
+        cut = d.get("bindings_position")
+        final: dict[tuple[Any, ...], Row] = {}
+        for change in sorted(rows.scan(CATALOG_PENDING), key=lambda c: c["position"]):
+            if cut is not None and change["position"] > cut:
+                continue
+            key = tuple(change[k] for k in _BINDING_KEY)
+            final[key] = change  # the last change of each binding up to the cut wins
+            rows.delete(CATALOG_PENDING, (*key, change["position"]))
+        for key, change in final.items():
+            current = rows.get(CATALOG_GRANT, (*key, OPEN))
+            if (
+                change["op"] == b"grant"
+                and current is not None
+                and (current["install_id"], current["payload_hash"])
+                == (change["install_id"], change["payload_hash"])
+            ):
+                continue
+            _close(rows, CATALOG_GRANT, (*key, OPEN), r)
+            if change["op"] == b"grant":
+                rows.put(
+                    CATALOG_GRANT,
+                    dict(
+                        zip(_BINDING_KEY, key, strict=True),
+                        to_revision=OPEN,
+                        from_revision=r,
+                        install_id=change["install_id"],
+                        payload_hash=change["payload_hash"],
+                    ),
+                )
+        for pack, install_id, revision, epoch, payload_hash in d["activations"]:
+            _close(rows, CATALOG_ACTIVATION, (enc(pack), OPEN), r)
+            rows.put(
+                CATALOG_ACTIVATION,
+                {
+                    "pack": enc(pack),
+                    "to_revision": OPEN,
+                    "from_revision": r,
+                    "install_id": enc(install_id),
+                    "revision": enc(revision),
+                    "epoch": epoch,
+                    "payload_hash": enc(payload_hash),
+                },
+            )
+        for pack in d["released_packs"]:
+            _close(rows, CATALOG_ACTIVATION, (enc(pack), OPEN), r)
+        for kind, ident, value in d["audiences"]:
+            _close(rows, CATALOG_AUDIENCE, (enc(kind), enc(ident), OPEN), r)
+            if value is not None:
+                rows.put(
+                    CATALOG_AUDIENCE,
+                    {
+                        "audience_kind": enc(kind),
+                        "audience_id": enc(ident),
+                        "to_revision": OPEN,
+                        "from_revision": r,
+                        "digest": enc(value),
+                    },
+                )
+        counts = d["counts"]
+        rows.put(
+            CATALOG_REVISION,
+            {
+                "revision": r,
+                "content_digest": enc(d["content_digest"]),
+                "parent_digest": enc(d["parent_digest"]) if d["parent_digest"] else None,
+                "position": event.position,
+                "audiences": counts["audiences"],
+                "activations": counts["activations"],
+                "facts": counts["facts"],
+                "grants": counts["grants"],
+            },
+        )
+
+
+CATALOG_PROJECTIONS: tuple[Projection, ...] = (AudienceBindingView(), CatalogView())

@@ -1,0 +1,344 @@
+"""Closure assembly, validation, deduplication and the canonical catalog digest (R14-R17).
+
+Pure: the ledger reads the inputs (bindings, each pack's active generation and
+its components) in one snapshot and hands them here; this module decides.
+
+Order of work is the rule of R15 and of the lessons behind it:
+
+1. each audience's closure is assembled from *that audience's* bindings only;
+2. every audience is validated completely and every problem is collected
+   (audience, pack, component, missing or unauthorized requirement);
+3. only if nothing failed are byte-identical immutable facts deduplicated
+   (one fact per pack + install id + kind + key), while every audience keeps
+   its own grant edges;
+4. the snapshot is put in bytewise canonical order and digested; the digest
+   covers content only (no time, no revision number), so unchanged content
+   publishes nothing (R17).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from domain.canonical import canonical_bytes_trusted
+from domain.digests import Purpose, digest
+from domain.errors import LifecycleRejected
+
+#: Most problems listed in one error; the total is always reported.
+MAX_LISTED_PROBLEMS = 200
+
+Audience = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class BindingRow:
+    """One binding as recorded: an audience, a component, the generation it names."""
+
+    audience_kind: str
+    audience_id: str
+    pack: str
+    kind: str
+    key: str
+    credential_set: str | None
+    install_id: str
+    payload_hash: str
+
+    @property
+    def audience(self) -> Audience:
+        return (self.audience_kind, self.audience_id)
+
+    @property
+    def ident(self) -> tuple[str, str, str, str, str, str]:
+        """Bytewise identity and sort key (a missing credential set sorts first as "")."""
+        return (
+            self.audience_kind,
+            self.audience_id,
+            self.pack,
+            self.kind,
+            self.key,
+            self.credential_set or "",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """One immutable component of a generation: its canonical bytes and digest."""
+
+    kind: str
+    key: str
+    fact: bytes
+    fact_digest: bytes
+    requires: tuple[tuple[str | None, str, str], ...]
+    credential_sets: frozenset[str] | None
+
+    @classmethod
+    def parse(cls, fact: bytes, fact_digest: bytes) -> Fact:
+        data = orjson.loads(fact)
+        creds = data.get("credential_sets")
+        return cls(
+            kind=data["kind"],
+            key=data["key"],
+            fact=fact,
+            fact_digest=fact_digest,
+            requires=tuple((r.get("pack"), r["kind"], r["key"]) for r in data["requires"]),
+            credential_sets=frozenset(creds) if creds is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class PackAuthority:
+    """What the store says about one pack at the snapshot: its active generation."""
+
+    pack: str
+    source_kind: str  # "official_repo", "local_path", "legacy" or "absent"
+    install_id: str | None = None
+    revision: str | None = None
+    epoch: int | None = None
+    payload_hash: str | None = None
+    dirty: bool = False
+    components: Mapping[tuple[str, str], Fact] = field(default_factory=dict)
+
+    def entry(self) -> list[Any]:
+        return [self.pack, self.install_id, self.revision, self.epoch, self.payload_hash]
+
+
+@dataclass(frozen=True)
+class CatalogInput:
+    bindings: Sequence[BindingRow]
+    packs: Mapping[str, PackAuthority]
+
+
+@dataclass(frozen=True)
+class ParentState:
+    """The parent revision as the delta is computed against it."""
+
+    revision: int = 0
+    content_digest: str | None = None
+    activations: Mapping[str, list[Any]] = field(default_factory=dict)
+    audiences: Mapping[Audience, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BuiltCatalog:
+    """A validated, deduplicated snapshot and everything a revision event needs."""
+
+    activations: list[list[Any]]
+    facts: list[list[Any]]
+    grants: list[list[Any]]
+    content_digest: str
+    audience_digests: dict[Audience, str]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {
+            "audiences": len(self.audience_digests),
+            "activations": len(self.activations),
+            "facts": len(self.facts),
+            "grants": len(self.grants),
+        }
+
+    def delta(self, parent: ParentState) -> tuple[list[list[Any]], list[str], list[list[Any]]]:
+        """(changed activations, released packs, changed audiences) against ``parent``."""
+        mine = {a[0]: a for a in self.activations}
+        changed = [a for p, a in sorted(mine.items()) if parent.activations.get(p) != a]
+        released = sorted(set(parent.activations) - set(mine))
+        audiences: list[list[Any]] = [
+            [kind, ident, value]
+            for (kind, ident), value in sorted(self.audience_digests.items())
+            if parent.audiences.get((kind, ident)) != value
+        ]
+        audiences.extend(
+            [kind, ident, None]
+            for kind, ident in sorted(set(parent.audiences) - set(self.audience_digests))
+        )
+        audiences.sort(key=lambda a: (a[0], a[1]))
+        return changed, released, audiences
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason an audience's closure cannot be published."""
+
+    audience: str
+    pack: str
+    kind: str
+    key: str
+    reason: str
+    message: str
+    requirement: dict[str, str | None] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "audience": self.audience,
+            "pack": self.pack,
+            "component": {"kind": self.kind, "key": self.key},
+            "reason": self.reason,
+            "message": self.message,
+        }
+        if self.requirement is not None:
+            out["requirement"] = self.requirement
+        return out
+
+
+class PublicationRejected(LifecycleRejected):
+    """Some audience's closure is invalid: nothing is published (R16)."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        first = problems[0]
+        super().__init__(
+            f"publication rejected: {len(problems)} problem(s); first: audience "
+            f"{first.audience}, pack {first.pack!r}, component {first.kind}/{first.key}: "
+            f"{first.message}",
+            reason="CLOSURE_INVALID",
+            rule="R15",
+            problem_count=len(problems),
+            problems=[p.to_json() for p in problems[:MAX_LISTED_PROBLEMS]],
+        )
+        self.problems = list(problems)
+
+
+def _problem(
+    b: BindingRow, reason: str, message: str, requirement: dict[str, str | None] | None = None
+) -> Problem:
+    return Problem(
+        f"{b.audience_kind}:{b.audience_id}", b.pack, b.kind, b.key, reason, message, requirement
+    )
+
+
+def validate(catalog: CatalogInput) -> list[Problem]:
+    """Every problem of every audience's closure (R14, R15, R5, R12); empty when valid."""
+    problems: list[Problem] = []
+    by_audience: dict[Audience, list[BindingRow]] = defaultdict(list)
+    for binding in catalog.bindings:
+        by_audience[binding.audience].append(binding)
+    for audience in sorted(by_audience):
+        bindings = by_audience[audience]
+        bound = {(b.pack, b.kind, b.key) for b in bindings}  # this audience's only (R15)
+        for b in sorted(bindings, key=lambda x: x.ident):
+            problems.extend(_check_binding(b, catalog.packs.get(b.pack), bound, catalog.packs))
+    return problems
+
+
+def _check_binding(
+    b: BindingRow,
+    auth: PackAuthority | None,
+    bound: set[tuple[str, str, str]],
+    packs: Mapping[str, PackAuthority],
+) -> list[Problem]:
+    if auth is None or auth.source_kind == "absent":
+        return [_problem(b, "NO_ACTIVE_GENERATION", "the pack has no active generation")]
+    if auth.source_kind == "local_path":
+        return [
+            _problem(
+                b, "LOCAL_PATH_NOT_AUTHORITY", "a local_path pack is never catalog authority (R5)"
+            )
+        ]
+    if auth.install_id is None:
+        return [
+            _problem(
+                b, "NO_ACTIVE_GENERATION", f"the pack has no active generation ({auth.source_kind})"
+            )
+        ]
+    if b.install_id != auth.install_id or b.payload_hash != auth.payload_hash:
+        return [
+            _problem(
+                b,
+                "STALE_BINDING",
+                f"bound to generation {b.install_id}, but {auth.install_id} is active; "
+                "re-bind it (R14)",
+            )
+        ]
+    if auth.dirty:
+        return [
+            _problem(
+                b,
+                "DIRTY_PACK",
+                "the pack's newest attempt is failed_dirty; publication is blocked "
+                "until a later generation activates (R12)",
+            )
+        ]
+    fact = auth.components.get((b.kind, b.key))
+    if fact is None:
+        return [_problem(b, "UNKNOWN_COMPONENT", "the active generation has no such component")]
+    found: list[Problem] = []
+    if fact.credential_sets is not None and b.credential_set not in fact.credential_sets:
+        allowed = ", ".join(sorted(fact.credential_sets))
+        found.append(
+            _problem(
+                b,
+                "CREDENTIAL_SET_NOT_ADMITTED",
+                f"credential set {b.credential_set!r} is not admitted (allowed: {allowed})",
+                {"credential_set": b.credential_set},
+            )
+        )
+    for req_pack, req_kind, req_key in fact.requires:
+        target = req_pack or b.pack
+        if (target, req_kind, req_key) not in bound:
+            requirement: dict[str, str | None] = {"pack": target, "kind": req_kind, "key": req_key}
+            target_auth = packs.get(target)
+            exists = target_auth is not None and (req_kind, req_key) in target_auth.components
+            found.append(
+                _problem(
+                    b,
+                    "MISSING_REQUIREMENT",
+                    f"requires {target}/{req_kind}/{req_key}, which is not bound to this audience"
+                    + ("" if exists else " (and is not in that pack's active generation)"),
+                    requirement,
+                )
+            )
+    return found
+
+
+def build_catalog(catalog: CatalogInput) -> BuiltCatalog:
+    """Validate every audience, then deduplicate and digest; raise if any is invalid."""
+    problems = validate(catalog)
+    if problems:
+        raise PublicationRejected(problems)
+    facts: dict[tuple[str, str, str, str], str] = {}
+    activations: dict[str, list[Any]] = {}
+    grants: list[list[Any]] = []
+    per_audience: dict[Audience, tuple[list[list[Any]], set[tuple[str, str, str, str]]]] = {}
+    for b in sorted(catalog.bindings, key=lambda x: x.ident):
+        auth = catalog.packs[b.pack]
+        fact_id = (b.pack, b.install_id, b.kind, b.key)
+        if fact_id not in facts:  # dedupe only after every audience validated
+            facts[fact_id] = auth.components[(b.kind, b.key)].fact_digest.hex()
+        activations.setdefault(b.pack, auth.entry())
+        grants.append(
+            [b.audience_kind, b.audience_id, b.pack, b.kind, b.key, b.credential_set, b.install_id]
+        )
+        mine = per_audience.setdefault(b.audience, ([], set()))
+        mine[0].append([b.pack, b.kind, b.key, b.credential_set, b.install_id])
+        mine[1].add(fact_id)
+    fact_entries = [[*k, v] for k, v in sorted(facts.items())]
+    activation_entries = [activations[p] for p in sorted(activations)]
+    content = canonical_bytes_trusted(
+        {"format": 1, "activations": activation_entries, "facts": fact_entries, "grants": grants}
+    )
+    audience_digests = {
+        audience: audience_digest(audience, edges, [[*k, facts[k]] for k in sorted(ids)])
+        for audience, (edges, ids) in per_audience.items()
+    }
+    return BuiltCatalog(
+        activations=activation_entries,
+        facts=fact_entries,
+        grants=grants,
+        content_digest=digest(Purpose.CATALOG, content).hex(),
+        audience_digests=audience_digests,
+    )
+
+
+def audience_digest(audience: Audience, grants: list[list[Any]], facts: list[list[Any]]) -> str:
+    """Digest of what one audience is served: its grant edges and the facts they name.
+
+    ``grants`` are ``[pack, kind, key, credential_set, install_id]`` and ``facts``
+    ``[pack, install_id, kind, key, fact_digest_hex]``, both in bytewise order.
+    The reader recomputes this from the rows it returns (INTEGRITY, R19).
+    """
+    body = canonical_bytes_trusted({"audience": list(audience), "grants": grants, "facts": facts})
+    return digest(Purpose.AUDIENCE_VIEW, body).hex()
