@@ -162,16 +162,11 @@ CATALOG_PENDING = view_table(
 )
 
 
-def _close(
-    rows: RowStore, table: ViewTable, open_key: tuple[Any, ...], revision: int
-) -> Row | None:
-    """End the row in force (``to_revision = OPEN``) at ``revision``; return it."""
-    current = rows.get(table, open_key)
-    if current is None:
-        return None
-    rows.delete(table, open_key)
-    rows.put(table, {**current, "to_revision": revision})
-    return current
+def _close(rows: RowStore, table: ViewTable, current: Row | None, revision: int) -> None:
+    """End ``current`` (the row in force, ``to_revision = OPEN``) at ``revision``."""
+    if current is not None:
+        rows.delete(table, table.key_of(current))
+        rows.put(table, {**current, "to_revision": revision})
 
 
 class CatalogView(Projection):
@@ -225,8 +220,10 @@ class CatalogView(Projection):
             key = tuple(change[k] for k in _BINDING_KEY)
             final[key] = change  # the last change of each binding up to the cut wins
             rows.delete(CATALOG_PENDING, (*key, change["position"]))
+        # One batched lookup per table: a revision may touch every grant of the store.
+        open_grants = rows.get_many(CATALOG_GRANT, [(*key, OPEN) for key in final])
         for key, change in final.items():
-            current = rows.get(CATALOG_GRANT, (*key, OPEN))
+            current = open_grants.get((*key, OPEN))
             if (
                 change["op"] == b"grant"
                 and current is not None
@@ -234,7 +231,7 @@ class CatalogView(Projection):
                 == (change["install_id"], change["payload_hash"])
             ):
                 continue
-            _close(rows, CATALOG_GRANT, (*key, OPEN), r)
+            _close(rows, CATALOG_GRANT, current, r)
             if change["op"] == b"grant":
                 rows.put(
                     CATALOG_GRANT,
@@ -246,8 +243,10 @@ class CatalogView(Projection):
                         payload_hash=change["payload_hash"],
                     ),
                 )
+        moved = [enc(a[0]) for a in d["activations"]] + [enc(p) for p in d["released_packs"]]
+        open_activations = rows.get_many(CATALOG_ACTIVATION, [(p, OPEN) for p in moved])
         for pack, install_id, revision, epoch, payload_hash in d["activations"]:
-            _close(rows, CATALOG_ACTIVATION, (enc(pack), OPEN), r)
+            _close(rows, CATALOG_ACTIVATION, open_activations.get((enc(pack), OPEN)), r)
             rows.put(
                 CATALOG_ACTIVATION,
                 {
@@ -261,9 +260,12 @@ class CatalogView(Projection):
                 },
             )
         for pack in d["released_packs"]:
-            _close(rows, CATALOG_ACTIVATION, (enc(pack), OPEN), r)
+            _close(rows, CATALOG_ACTIVATION, open_activations.get((enc(pack), OPEN)), r)
+        open_audiences = rows.get_many(
+            CATALOG_AUDIENCE, [(enc(k), enc(i), OPEN) for k, i, _ in d["audiences"]]
+        )
         for kind, ident, value in d["audiences"]:
-            _close(rows, CATALOG_AUDIENCE, (enc(kind), enc(ident), OPEN), r)
+            _close(rows, CATALOG_AUDIENCE, open_audiences.get((enc(kind), enc(ident), OPEN)), r)
             if value is not None:
                 rows.put(
                     CATALOG_AUDIENCE,

@@ -30,8 +30,6 @@ from typing import Any, ClassVar
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql as mysql_dialect
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
 
 from domain.log import LoggedEvent
@@ -125,6 +123,15 @@ class RowStore(ABC):
     def scan(self, table: ViewTable, **equal: Any) -> list[Row]:
         """Every row whose columns equal ``equal`` (meant for small tables/filters)."""
 
+    def get_many(self, table: ViewTable, keys: Iterable[Key]) -> dict[Key, Row]:
+        """The rows that exist for ``keys`` (one round trip per chunk on SQL)."""
+        found = {}
+        for key in keys:
+            row = self.get(table, key)
+            if row is not None:
+                found[key] = row
+        return found
+
 
 class Projection(ABC):
     """A pure function of the log into view rows (R20)."""
@@ -169,6 +176,17 @@ class MemoryRowStore(RowStore):
 
 
 _DELETED: Row = {}
+_GET_MANY_CHUNK = 500
+
+
+@cache
+def _select_one(table: ViewTable) -> Any:
+    """One compiled primary-key lookup per table (built once: this runs per event)."""
+    t = table.physical
+    return sa.select(*(t.c[c] for c in table.columns)).where(
+        t.c.view_version == sa.bindparam("vv"),
+        *(t.c[k] == sa.bindparam(f"k_{k}") for k in table.key),
+    )
 
 
 class SqlRowStore(RowStore):
@@ -193,17 +211,48 @@ class SqlRowStore(RowStore):
         clauses.extend(t.c[name] == value for name, value in zip(table.key, key, strict=True))
         return sa.and_(*clauses)
 
-    def get(self, table: ViewTable, key: Key) -> Row | None:
+    def _layered(self, table: ViewTable, key: Key) -> tuple[bool, Row | None]:
         ident = (table.name, key)
         for layer in (self._pending, self._done):
             if ident in layer:
                 row = layer[ident][1]
-                return None if row is _DELETED else row
-        t = table.physical
-        found = self.conn.execute(
-            sa.select(*(t.c[c] for c in table.columns)).where(self._where(table, key))
-        ).one_or_none()
+                return True, None if row is _DELETED else row
+        return False, None
+
+    def get(self, table: ViewTable, key: Key) -> Row | None:
+        known, row = self._layered(table, key)
+        if known:
+            return row
+        params = {
+            "vv": self.view_version,
+            **{f"k_{k}": v for k, v in zip(table.key, key, strict=True)},
+        }
+        found = self.conn.execute(_select_one(table), params).one_or_none()
         return _normalize(found._asdict()) if found is not None else None
+
+    def get_many(self, table: ViewTable, keys: Iterable[Key]) -> dict[Key, Row]:
+        found: dict[Key, Row] = {}
+        missing: list[Key] = []
+        for key in keys:
+            known, row = self._layered(table, key)
+            if not known:
+                missing.append(key)
+            elif row is not None:
+                found[key] = row
+        t = table.physical
+        columns = [t.c[k] for k in table.key]
+        for start in range(0, len(missing), _GET_MANY_CHUNK):
+            chunk = missing[start : start + _GET_MANY_CHUNK]
+            query = sa.select(*(t.c[c] for c in table.columns)).where(
+                t.c.view_version == self.view_version,
+                sa.tuple_(*columns).in_(chunk)
+                if len(columns) > 1
+                else columns[0].in_([k[0] for k in chunk]),
+            )
+            for hit in self.conn.execute(query):
+                values = _normalize(hit._asdict())
+                found[table.key_of(values)] = values
+        return found
 
     def put(self, table: ViewTable, row: Row) -> None:
         self._pending[(table.name, table.key_of(row))] = (table, row)
@@ -238,43 +287,62 @@ class SqlRowStore(RowStore):
         self._pending.clear()
 
     def flush(self) -> None:
+        """Write the final state of every touched key: one DBAPI executemany per table
+        and operation (publishing a revision can touch every grant of the store)."""
         self.commit_event()
-        upserts: dict[str, tuple[ViewTable, list[Row]]] = {}
-        deletes: dict[str, tuple[ViewTable, list[Row]]] = {}
+        upserts: dict[str, tuple[ViewTable, list[tuple[Any, ...]]]] = {}
+        deletes: dict[str, tuple[ViewTable, list[tuple[Any, ...]]]] = {}
+        vv = self.view_version
         for (name, key), (table, row) in self._done.items():
             if row is _DELETED:
-                deletes.setdefault(name, (table, []))[1].append(
-                    {f"k_{k}": v for k, v in zip(table.key, key, strict=True)}
-                )
+                deletes.setdefault(name, (table, []))[1].append((vv, *key))
             else:
                 upserts.setdefault(name, (table, []))[1].append(
-                    {"view_version": self.view_version, **row}
+                    (vv, *(row[c] for c in table.columns))
                 )
-        for table, keys in deletes.values():
-            t = table.physical
-            stmt = t.delete().where(
-                t.c.view_version == self.view_version,
-                *(t.c[k] == sa.bindparam(f"k_{k}") for k in table.key),
-            )
-            self.conn.execute(stmt, keys)
-        for table, rows in upserts.values():
-            self.conn.execute(self._upsert(table), rows)
         self._done.clear()
+        cursor = self.conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            for table, params in deletes.values():
+                cursor.executemany(_delete_sql(table, self._mark, self._quote), params)
+            for table, params in upserts.values():
+                cursor.executemany(_upsert_sql(table, self._mark, self._quote, self._mysql), params)
+        finally:
+            cursor.close()
 
-    def _upsert(self, table: ViewTable) -> Any:
-        others = [c for c in table.columns if c not in table.key]
-        if self._mysql:
-            mins = mysql_dialect.insert(table.physical)
-            if not others:
-                return mins.prefix_with("IGNORE")
-            return mins.on_duplicate_key_update({c: mins.inserted[c] for c in others})
-        sins = sqlite_dialect.insert(table.physical)
-        index = ["view_version", *table.key]
+    @property
+    def _mark(self) -> str:
+        return "?" if self.conn.dialect.paramstyle == "qmark" else "%s"
+
+    @property
+    def _quote(self) -> Callable[[str], str]:
+        return self.conn.dialect.identifier_preparer.quote
+
+
+@cache
+def _delete_sql(table: ViewTable, mark: str, quote: Callable[[str], str]) -> str:
+    keys = " AND ".join(f"{quote(k)} = {mark}" for k in ("view_version", *table.key))
+    return f"DELETE FROM {quote(table.physical.name)} WHERE {keys}"
+
+
+@cache
+def _upsert_sql(table: ViewTable, mark: str, quote: Callable[[str], str], mysql: bool) -> str:
+    """INSERT … ON CONFLICT/ON DUPLICATE KEY UPDATE, written once per table and dialect."""
+    columns = ("view_version", *table.columns)
+    names = ", ".join(quote(c) for c in columns)
+    values = ", ".join([mark] * len(columns))
+    others = [c for c in table.columns if c not in table.key]
+    insert = f"INSERT INTO {quote(table.physical.name)} ({names}) VALUES ({values})"
+    if mysql:
         if not others:
-            return sins.on_conflict_do_nothing(index_elements=index)
-        return sins.on_conflict_do_update(
-            index_elements=index, set_={c: sins.excluded[c] for c in others}
-        )
+            return insert.replace("INSERT INTO", "INSERT IGNORE INTO", 1)
+        sets = ", ".join(f"{quote(c)} = VALUES({quote(c)})" for c in others)
+        return f"{insert} ON DUPLICATE KEY UPDATE {sets}"
+    conflict = ", ".join(quote(c) for c in ("view_version", *table.key))
+    if not others:
+        return f"{insert} ON CONFLICT ({conflict}) DO NOTHING"
+    sets = ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in others)
+    return f"{insert} ON CONFLICT ({conflict}) DO UPDATE SET {sets}"
 
 
 def _normalize(row: Row) -> Row:
