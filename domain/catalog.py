@@ -21,7 +21,8 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.digests import aggregate_id
+from domain.canonical import canonical_bytes_trusted
+from domain.digests import Purpose, aggregate_id, digest
 
 CATALOG_NAME = "catalog"
 
@@ -234,3 +235,17 @@ def audience_bindings_id(audience_kind: str, audience_id: str) -> UUID:
 
 def catalog_id() -> UUID:
     return aggregate_id("catalog", CATALOG_NAME)
+
+
+def audience_digest(
+    audience: tuple[str, str], grants: list[list[Any]], facts: list[list[Any]]
+) -> str:
+    """Digest of what one audience is served: its grant edges and the facts they name.
+
+    ``grants`` are ``[pack, kind, key, credential_set, install_id]`` and ``facts``
+    ``[pack, install_id, kind, key, fact_digest_hex]``, both in bytewise order.
+    The publisher records it; the reader recomputes it from the rows it returns
+    and fails with INTEGRITY on any difference (R19).
+    """
+    body = canonical_bytes_trusted({"audience": list(audience), "grants": grants, "facts": facts})
+    return digest(Purpose.AUDIENCE_VIEW, body).hex()

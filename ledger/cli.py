@@ -213,13 +213,15 @@ def schema_group() -> None:
 )
 @json_option
 def schema_dump(out: Path, dialect: str | None, as_json: bool) -> None:
-    """Write the DDL of every table for SQLite and the MySQL family."""
+    """Write the DDL for SQLite and the MySQL family, and the HTTP OpenAPI document."""
     from ledger.store import ddl
 
     if dialect is not None:
         text = ddl(dialect)
         emit(as_json, {"dialect": dialect, "ddl": text}, lambda: click.echo(text, nl=False))
         return
+    from ledger.server import openapi_document
+
     written = []
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -227,6 +229,9 @@ def schema_dump(out: Path, dialect: str | None, as_json: bool) -> None:
             path = out / f"{name}.sql"
             path.write_text(ddl(name), encoding="utf-8")
             written.append(str(path))
+        path = out / "openapi.json"
+        path.write_text(dump_json(openapi_document()), encoding="utf-8")
+        written.append(str(path))
     except OSError as exc:
         raise UsageError(f"cannot write schema files: {exc}", field="out") from None
     emit(as_json, {"written": written}, lambda: click.echo("\n".join(written)))
@@ -322,6 +327,63 @@ def publish(command_id: str | None, as_json: bool) -> None:
         )
 
     emit(as_json, result, human)
+
+
+@cli.command()
+@click.argument("audience")
+@click.option(
+    "--min-revision",
+    default=None,
+    metavar="N",
+    help="Fail with STALE unless the active revision is at least N.",
+)
+@json_option
+def view(audience: str, min_revision: str | None, as_json: bool) -> None:
+    """Show what AUDIENCE (app:<id> or integration:<id>) is served, verified."""
+    from projections.reader import CatalogReader, parse_audience, parse_revision
+
+    kind, _, ident = audience.partition(":")
+    parsed = parse_audience(kind, ident) if _ else parse_audience(audience, "")
+    result = CatalogReader(_ctx().ledger().db).view(
+        parsed, min_revision=parse_revision(min_revision)
+    )
+    document = result.to_json()
+
+    def human() -> None:
+        click.echo(
+            f"{result.audience} at revision {result.revision} (content {result.content_digest})"
+        )
+        for fact in result.facts:
+            click.echo(
+                f"  {fact['pack']} {fact['kind']}/{fact['key']} "
+                f"[{fact['install_id']}] {orjson.dumps(fact['payload']).decode()}"
+            )
+
+    emit(as_json, document, human)
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=8080, show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info"]),
+    default="warning",
+    show_default=True,
+)
+def serve(host: str, port: int, log_level: str) -> None:
+    """Serve audience views over HTTP (read only): /v1/audiences/{kind}/{id}/view."""
+    import uvicorn
+
+    from ledger.server import create_app
+
+    url = _ctx().url
+    _ctx().ledger()  # fail now, with a typed error, if the store is unusable
+
+    def open_ledger() -> Ledger:
+        return Ledger(open_database(url))
+
+    uvicorn.run(create_app(open_ledger), host=host, port=port, log_level=log_level)
 
 
 @cli.command("import-legacy")

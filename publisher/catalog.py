@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from domain.canonical import canonical_bytes_trusted
+from domain.catalog import audience_digest
 from domain.digests import Purpose, digest
 from domain.errors import LifecycleRejected
 
@@ -331,14 +332,3 @@ def build_catalog(catalog: CatalogInput) -> BuiltCatalog:
         content_digest=digest(Purpose.CATALOG, content).hex(),
         audience_digests=audience_digests,
     )
-
-
-def audience_digest(audience: Audience, grants: list[list[Any]], facts: list[list[Any]]) -> str:
-    """Digest of what one audience is served: its grant edges and the facts they name.
-
-    ``grants`` are ``[pack, kind, key, credential_set, install_id]`` and ``facts``
-    ``[pack, install_id, kind, key, fact_digest_hex]``, both in bytewise order.
-    The reader recomputes this from the rows it returns (INTEGRITY, R19).
-    """
-    body = canonical_bytes_trusted({"audience": list(audience), "grants": grants, "facts": facts})
-    return digest(Purpose.AUDIENCE_VIEW, body).hex()

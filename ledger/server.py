@@ -1,0 +1,234 @@
+"""The HTTP read service: audience views over FastAPI/uvicorn, failing closed (R18, R19).
+
+``GET /v1/audiences/{kind}/{id}/view`` serves what ``CatalogReader.view``
+returns, with ``ETag`` = the revision's content digest and ``304`` for a
+matching ``If-None-Match`` (after the same verification, so a stale or
+tampered view is never confirmed). Errors use the DESIGN.md JSON shape:
+404 MISSING, 409 STALE, 400 INVALID, 500 INTEGRITY. Catch-up views are kept
+current by a background thread. The OpenAPI document is generated from the
+response models and checked in as ``schema/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from domain.errors import (
+    Conflict,
+    IntegrityFailure,
+    InvalidInput,
+    LedgerError,
+    Missing,
+    Stale,
+    Unavailable,
+)
+from projections.reader import CatalogReader, parse_audience, parse_revision
+
+API_VERSION = "1"
+
+_STATUS: list[tuple[type[LedgerError], int]] = [
+    (Missing, 404),
+    (Stale, 409),
+    (InvalidInput, 400),
+    (IntegrityFailure, 500),
+    (Conflict, 409),
+    (Unavailable, 503),
+]
+
+
+class ErrorBody(BaseModel):
+    error: str
+    message: str
+    details: dict[str, Any]
+
+
+class Grant(BaseModel):
+    pack: str
+    kind: str
+    key: str
+    credential_set: str | None
+    install_id: str
+
+
+class Fact(BaseModel):
+    pack: str
+    install_id: str
+    kind: str
+    key: str
+    payload: Any
+    requires: list[dict[str, str | None]]
+    credential_sets: list[str] | None
+    fact_digest: str
+
+
+class View(BaseModel):
+    audience: str
+    revision: int
+    content_digest: str
+    audience_digest: str
+    grants: list[Grant]
+    facts: list[Fact]
+
+
+class Head(BaseModel):
+    revision: int
+    content_digest: str
+
+
+class Health(BaseModel):
+    healthy: bool
+    log_head: int
+    catalog_revision: int | None
+    projections: dict[str, dict[str, Any]]
+
+
+def status_of(error: LedgerError) -> int:
+    for cls, status in _STATUS:
+        if isinstance(error, cls):
+            return status
+    return 500
+
+
+def _error(error: LedgerError) -> JSONResponse:
+    return JSONResponse(error.to_json(), status_code=status_of(error))
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in ((400, "INVALID"), (404, "MISSING"), (409, "STALE"), (500, "INTEGRITY"))
+}
+
+
+def create_app(
+    ledger_factory: Callable[[], Any] | None = None, *, catch_up_every: float = 1.0
+) -> FastAPI:
+    """The ASGI app; ``ledger_factory`` opens the store (``None``: schema only)."""
+    state: dict[str, Any] = {}
+    stop = threading.Event()
+
+    def follow() -> None:
+        ledger = state["ledger"]
+        while not stop.wait(catch_up_every):
+            for projection in ledger.runner.projections:
+                if not projection.inline:
+                    with suppress(LedgerError):
+                        ledger.runner.catch_up(ledger.db, projection.name)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if ledger_factory is not None:
+            ledger = ledger_factory()
+            state["ledger"] = ledger
+            state["reader"] = CatalogReader(ledger.db)
+            thread = threading.Thread(target=follow, name="catch-up", daemon=True)
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if "ledger" in state:
+                state["ledger"].close()
+
+    app = FastAPI(
+        title="Catalog Ledger read service",
+        version=API_VERSION,
+        description="Fail-closed audience views of the active catalog revision.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(LedgerError)
+    async def ledger_error(_: Request, exc: LedgerError) -> JSONResponse:
+        return _error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": ["request"], "msg": "invalid"}
+        field = ".".join(str(p) for p in first.get("loc", ["request"]))
+        return _error(InvalidInput(f"{field}: {first.get('msg', 'invalid')}", field=field))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "MISSING" if exc.status_code == 404 else "INVALID"
+        body = {"error": code, "message": str(exc.detail), "details": {}}
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        body = {"error": "ERROR", "message": f"internal error: {type(exc).__name__}", "details": {}}
+        return JSONResponse(body, status_code=503)
+
+    def reader() -> CatalogReader:
+        if "reader" not in state:
+            raise Unavailable("the read service has no store")
+        found: CatalogReader = state["reader"]
+        return found
+
+    @app.get(
+        "/v1/audiences/{kind}/{audience_id:path}/view",
+        response_model=View,
+        responses={304: {"description": "Not modified (ETag matches)"}, **_ERRORS},
+    )
+    def view(
+        kind: str, audience_id: str, request: Request, min_revision: str | None = None
+    ) -> Response:
+        """The audience's facts at the active catalog revision, verified."""
+        audience = parse_audience(kind, audience_id)
+        result = reader().view(audience, min_revision=parse_revision(min_revision))
+        etag = f'"{result.content_digest}"'
+        if etag in _etags(request.headers.get("if-none-match")):
+            return Response(status_code=304, headers={"ETag": etag})
+        return JSONResponse(result.to_json(), headers={"ETag": etag})
+
+    @app.get("/v1/catalog/head", response_model=Head, responses=_ERRORS)
+    def head() -> Head:
+        """The active catalog revision and its content digest."""
+        found = reader().head()
+        return Head(revision=found.revision, content_digest=found.content_digest)
+
+    @app.get("/healthz", response_model=Health, responses={503: {"model": Health}})
+    def healthz() -> JSONResponse:
+        """Log head, catalog revision, projection lag; 503 when a view has stopped."""
+        if "ledger" not in state:
+            raise Unavailable("the read service has no store")
+        ledger = state["ledger"]
+        status = ledger.runner.status(ledger.db)
+        try:
+            revision: int | None = reader().head().revision
+        except Missing:
+            revision = None
+        views = {
+            v["name"]: {
+                "lag": v.get("lag"),
+                "state": v.get("state"),
+                "mode": v.get("mode"),
+                "error": v.get("error"),
+            }
+            for v in status["views"]
+        }
+        healthy = all(v["state"] == "running" for v in views.values())
+        body = Health(
+            healthy=healthy, log_head=status["head"], catalog_revision=revision, projections=views
+        )
+        return JSONResponse(body.model_dump(), status_code=200 if healthy else 503)
+
+    return app
+
+
+def _etags(header: str | None) -> set[str]:
+    if not header:
+        return set()
+    return {part.strip().removeprefix("W/") for part in header.split(",")}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document, as checked in at ``schema/openapi.json``."""
+    return create_app().openapi()
