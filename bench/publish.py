@@ -51,6 +51,13 @@ def pack_document(n: int) -> dict[str, Any]:
 
 
 def setup(folder: Path, scale: int) -> tuple[str, dict[str, int]]:
+    """A fresh SQLite store in ``folder`` with the scaled catalog applied, unpublished."""
+    url = f"sqlite:///{folder / 'catalog.db'}"
+    return url, setup_store(folder, url, scale)
+
+
+def setup_store(folder: Path, url: str, scale: int) -> dict[str, int]:
+    """Apply the scaled packs and bindings to the store at ``url`` (not published)."""
     packs, audiences = BASE_PACKS * scale, BASE_AUDIENCES * scale
     repo = Repo(folder / "repo")
     files = {f"pack-{n:05d}/pack.json": json.dumps(pack_document(n)).encode() for n in range(packs)}
@@ -85,18 +92,16 @@ def setup(folder: Path, scale: int) -> tuple[str, dict[str, int]]:
     }
     path = folder / "release.json"
     path.write_text(json.dumps(manifest))
-    url = f"sqlite:///{folder / 'catalog.db'}"
     db = open_database(url)
     init_store(db)
     CommandService(Ledger(db)).apply(path, publish=False)
     db.close()
-    sizes = {
+    return {
         "packs": packs,
         "components": packs * COMPONENTS,
         "audiences": audiences,
         "bindings": len(bindings),
     }
-    return url, sizes
 
 
 # The benchmark process is large after setup, and a forked child's peak RSS counts the

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +92,8 @@ class Database:
     dialect: Dialect
     display_url: str
     read_engine: Engine
+    #: Autocommit connections for single-statement reads (MySQL family only).
+    statement_engine: Engine | None = None
 
     @property
     def is_sqlite(self) -> bool:
@@ -111,10 +113,41 @@ class Database:
         with translate_errors(), self.read_engine.connect() as conn, conn.begin():
             yield conn
 
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Run one self-contained SELECT outside any transaction; return all rows.
+
+        One statement is one consistent snapshot on every engine, so a read that
+        fits in one statement needs no BEGIN/COMMIT round trips: SQLite runs it in
+        its implicit statement transaction, the MySQL family in autocommit mode
+        (a single-statement REPEATABLE READ transaction). Pooled MySQL connections
+        are not pinged on checkout; a connection found dropped is discarded and
+        the statement retried once on a fresh one.
+        """
+        engine = self.statement_engine or self.engine
+        with translate_errors():
+            for attempt in (1, 2):
+                raw = engine.raw_connection()
+                try:
+                    cursor = raw.cursor()
+                    try:
+                        cursor.execute(sql, params)
+                        return list(cursor.fetchall())
+                    finally:
+                        cursor.close()
+                except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as exc:
+                    number = exc.args[0] if exc.args else None
+                    if attempt == 2 or number not in (0, 2006, 2013, 2055):
+                        raise
+                    raw.invalidate()
+                finally:
+                    raw.close()
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def close(self) -> None:
         self.engine.dispose()
-        if self.read_engine is not self.engine:
-            self.read_engine.dispose()
+        for other in (self.read_engine, self.statement_engine):
+            if other is not None and other is not self.engine:
+                other.dispose()
 
 
 def open_database(url_text: str, *, pool_size: int = 5) -> Database:
@@ -125,13 +158,13 @@ def open_database(url_text: str, *, pool_size: int = 5) -> Database:
         engine = _sqlite_engine(url)
         return Database(engine=engine, dialect=dialect, display_url=display, read_engine=engine)
 
-    def mysql_engine(isolation: str) -> Engine:
+    def mysql_engine(isolation: str, *, pre_ping: bool = True) -> Engine:
         return sa.create_engine(
             url,
             isolation_level=isolation,
             pool_size=pool_size,
             max_overflow=pool_size,
-            pool_pre_ping=True,
+            pool_pre_ping=pre_ping,
             pool_recycle=3600,
             # Every transaction is ended explicitly (commit or rollback) by
             # `write`/`read`, so the pool's extra ROLLBACK round trip is not needed.
@@ -144,6 +177,9 @@ def open_database(url_text: str, *, pool_size: int = 5) -> Database:
         dialect=dialect,
         display_url=display,
         read_engine=mysql_engine("REPEATABLE READ"),
+        # Single-statement reads retry once on a dropped connection instead of
+        # paying a ping round trip on every checkout (see Database.statement).
+        statement_engine=mysql_engine("AUTOCOMMIT", pre_ping=False),
     )
 
 

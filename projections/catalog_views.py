@@ -136,6 +136,8 @@ CATALOG_GRANT = view_table(
         sa.Column("install_id", Binary(255), nullable=False),
         sa.Column("payload_hash", Binary(80), nullable=False),
     ),
+    # The reader's access path: one audience's edges in force (or at a revision).
+    indexes=[["audience_kind", "audience_id", "to_revision"]],
 )
 
 CATALOG_AUDIENCE = view_table(

@@ -1,7 +1,7 @@
 """The runtime reader: one audience's view at the active catalog revision (R18, R19).
 
-One read transaction (a consistent snapshot: REPEATABLE READ on the MySQL
-family, a read transaction on SQLite) answers everything:
+One SELECT statement — one consistent snapshot on every engine, so it needs
+no surrounding transaction — answers everything:
 
 1. the views it reads are running, and the head revision, its content digest
    and this audience's recorded view digest;
@@ -18,12 +18,12 @@ the sources.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Protocol
 
 import orjson
-from sqlalchemy.engine import Connection
 
 from domain.catalog import audience_digest
 from domain.content import fact_hasher
@@ -33,13 +33,6 @@ from projections.catalog_views import OPEN
 
 #: The one MISSING answer, identical for every cause (R19: non-disclosing).
 MISSING_MESSAGE = "no catalog view is published for this audience"
-
-
-class ReadStore(Protocol):
-    @property
-    def is_sqlite(self) -> bool: ...
-
-    def read(self) -> AbstractContextManager[Connection]: ...
 
 
 @dataclass(frozen=True)
@@ -98,171 +91,178 @@ def _missing() -> Missing:
     return Missing(MISSING_MESSAGE)
 
 
-_READ_VIEWS = ", ".join(
-    f"X'{n.encode().hex()}'" for n in ("catalog", "pack_component", "pack_activation")
-)
-_STATE_SQL = """
-SELECT
-  (SELECT MAX(stopped) FROM projection_state WHERE name IN ({views})),
-  (SELECT revision FROM _System_CatalogRevision ORDER BY revision DESC LIMIT 1),
-  (SELECT content_digest FROM _System_CatalogRevision ORDER BY revision DESC LIMIT 1),
-  (SELECT digest FROM _System_CatalogAudience
-    WHERE audience_kind = {p} AND audience_id = {p} AND to_revision = {p})
+def _live(name: str) -> str:
+    return f"MAX(CASE WHEN name = X'{name.encode().hex()}' THEN live_version END)"
+
+
+#: The whole read as one statement (one snapshot, one round trip): a one-row header
+#: (stopped flag and live versions of the three views, head revision, its digest,
+#: this audience's recorded digest) left-joined with the audience's grants in force,
+#: their facts and the packs' current activations, all by key on the physical view
+#: tables. Rows are put in bytewise order in Python (cheaper than a temp b-tree).
+_VIEW_SQL = """
+SELECT h.stopped, h.revision, r.content_digest, u.digest,
+       g.pack, g.kind, g.{key}, g.credential_set, g.install_id, g.payload_hash,
+       c.fact, c.fact_digest, a.install_id
+FROM (SELECT s.stopped, s.cv, s.pv, s.av,
+             (SELECT MAX(revision) FROM view_catalog_revision WHERE view_version = s.cv)
+               AS revision
+      FROM (SELECT MAX(stopped) AS stopped, {cat} AS cv, {comp} AS pv, {act} AS av
+            FROM projection_state WHERE name IN ({views})) s) h
+LEFT JOIN view_catalog_revision r ON r.view_version = h.cv AND r.revision = h.revision
+LEFT JOIN view_catalog_audience u
+  ON u.view_version = h.cv AND u.audience_kind = {p} AND u.audience_id = {p}
+  AND u.to_revision = {p}
+LEFT JOIN view_catalog_grant g
+  ON g.view_version = h.cv AND g.audience_kind = {p} AND g.audience_id = {p}
+  AND g.to_revision = {p}
+LEFT JOIN view_pack_component c
+  ON c.view_version = h.pv AND c.pack = g.pack AND c.install_id = g.install_id
+  AND c.kind = g.kind AND c.{key} = g.{key}
+LEFT JOIN view_pack_activation a ON a.view_version = h.av AND a.pack = g.pack
 """
 
-_GRANTS_SQL = """
-SELECT g.pack, g.kind, g.{key}, g.credential_set, g.install_id, g.payload_hash,
-       c.fact, c.fact_digest, a.install_id
-FROM _System_CatalogGrant g
-LEFT JOIN _System_PackComponent c
-  ON c.pack = g.pack AND c.install_id = g.install_id AND c.kind = g.kind AND c.{key} = g.{key}
-LEFT JOIN _System_PackActivation a ON a.pack = g.pack
-WHERE g.audience_kind = {p} AND g.audience_id = {p} AND g.to_revision = {p}
-ORDER BY g.pack, g.kind, g.{key}, g.credential_set
-"""
+_VIEWS = ", ".join(
+    f"X'{n.encode().hex()}'" for n in ("catalog", "pack_component", "pack_activation")
+)
 
 _HEAD_SQL = """
 SELECT revision, content_digest FROM _System_CatalogRevision ORDER BY revision DESC LIMIT 1
 """
 
 
+class StatementStore(Protocol):
+    @property
+    def is_sqlite(self) -> bool: ...
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
+
+
 class CatalogReader:
     """Reads audience views; every failure is typed (R19)."""
 
-    def __init__(self, store: ReadStore) -> None:
+    def __init__(self, store: StatementStore) -> None:
         self.store = store
         p = "?" if store.is_sqlite else "%s"
         key = '"key"' if store.is_sqlite else "`key`"
-        self._state_sql = _STATE_SQL.format(p=p, views=_READ_VIEWS)
-        self._grants_sql = _GRANTS_SQL.format(p=p, key=key)
+        self._view_sql = _VIEW_SQL.format(
+            p=p,
+            key=key,
+            views=_VIEWS,
+            cat=_live("catalog"),
+            comp=_live("pack_component"),
+            act=_live("pack_activation"),
+        )
 
     def head(self) -> CatalogHead:
-        with self.store.read() as conn:
-            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-            try:
-                cursor.execute(_HEAD_SQL)
-                row = cursor.fetchone()
-            finally:
-                cursor.close()
-        if row is None:
+        rows = self.store.query(_HEAD_SQL)
+        if not rows:
             raise _missing()
-        return CatalogHead(int(row[0]), bytes(row[1]).decode())
+        return CatalogHead(int(rows[0][0]), bytes(rows[0][1]).decode())
 
     def view(self, audience: Audience, *, min_revision: int | None = None) -> AudienceView:
-        """The audience's facts at the head revision, verified, in one snapshot."""
+        """The audience's facts at the head revision, verified, from one statement."""
         kind, ident = audience.kind.value.encode(), audience.id.encode()
-        with self.store.read() as conn:
-            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-            try:
-                cursor.execute(self._state_sql, (kind, ident, OPEN))
-                state = cursor.fetchone()
-                assert state is not None  # one row of scalar subqueries, always
-                stopped, revision, content, recorded = state
-                if stopped:
-                    raise Stale(
-                        "a catalog view is stopped and behind the log; it is not "
-                        "served until it is rebuilt",
-                        axis="projection",
-                    )
-                if revision is None:
-                    raise _missing()
-                if min_revision is not None and min_revision > revision:
-                    raise Stale(
-                        f"revision {min_revision} is required; the catalog is at {revision}",
-                        axis="revision",
-                        required_revision=min_revision,
-                        served_revision=int(revision),
-                    )
-                cursor.execute(self._grants_sql, (kind, ident, OPEN))
-                rows = list(cursor.fetchall())
-            finally:
-                cursor.close()
-        if not rows or recorded is None:
+        rows = self.store.query(self._view_sql, (kind, ident, OPEN, kind, ident, OPEN))
+        stopped, revision, content, recorded = rows[0][:4]
+        if stopped:
+            raise Stale(
+                "a catalog view is stopped and behind the log; it is not served "
+                "until it is rebuilt",
+                axis="projection",
+            )
+        if revision is None:
             raise _missing()
-        return self._verify(
-            audience, int(revision), bytes(content).decode(), bytes(recorded).decode(), rows
+        if min_revision is not None and min_revision > revision:
+            raise Stale(
+                f"revision {min_revision} is required; the catalog is at {revision}",
+                axis="revision",
+                required_revision=min_revision,
+                served_revision=int(revision),
+            )
+        # Bytewise (pack, kind, key, credential set): the publisher's digest order (R3).
+        grants = tuple(
+            sorted(
+                (
+                    tuple(bytes(v) if isinstance(v, memoryview) else v for v in row[4:])
+                    for row in rows
+                    if row[4] is not None
+                ),
+                key=lambda g: (g[0], g[1], g[2], g[3]),
+            )
         )
-
-    @staticmethod
-    def _verify(
-        audience: Audience, revision: int, content: str, recorded: str, rows: list[Any]
-    ) -> AudienceView:
-        grants: list[list[Any]] = []
-        facts: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-        for (
-            pack_b,
-            kind_b,
-            key_b,
-            cred_b,
-            install_b,
-            hash_b,
-            fact_raw,
-            fact_digest,
-            active_b,
-        ) in rows:
-            pack, kind, key = bytes(pack_b).decode(), bytes(kind_b).decode(), bytes(key_b).decode()
-            cred = bytes(cred_b).decode() or None
-            install_id, payload_hash = bytes(install_b).decode(), bytes(hash_b).decode()
-            if active_b is None or bytes(active_b) != bytes(install_b):
-                raise Stale(
-                    f"pack {pack!r} is no longer served by the bound generation {install_id}",
-                    axis="activation",
-                    served_revision=revision,
-                    pack=pack,
-                    bound_install_id=install_id,
-                    active_install_id=bytes(active_b).decode() if active_b else None,
-                )
-            if fact_raw is None:
-                raise IntegrityFailure(
-                    f"the fact {pack}/{kind}/{key} of a grant is missing",
-                    pack=pack,
-                    kind=kind,
-                    key=key,
-                )
-            fact = bytes(fact_raw)
-            if fact_hasher(pack, install_id, payload_hash)(fact) != bytes(fact_digest):
-                raise IntegrityFailure(
-                    f"the stored fact {pack}/{kind}/{key} does not match its digest",
-                    pack=pack,
-                    kind=kind,
-                    key=key,
-                    revision=revision,
-                )
-            grants.append([pack, kind, key, cred, install_id])
-            fact_id = (pack, install_id, kind, key)
-            if fact_id not in facts:
-                data = orjson.loads(fact)
-                facts[fact_id] = {
-                    "pack": pack,
-                    "install_id": install_id,
-                    "kind": kind,
-                    "key": key,
-                    "payload": data["payload"],
-                    "requires": data["requires"],
-                    "credential_sets": data["credential_sets"],
-                    "fact_digest": bytes(fact_digest).hex(),
-                }
-        fact_entries = [[*k, facts[k]["fact_digest"]] for k in sorted(facts)]
+        if not grants or recorded is None:
+            raise _missing()
         pair = (audience.kind.value, audience.id)
-        if audience_digest(pair, grants, fact_entries) != recorded:
+        return _verified(pair, int(revision), bytes(content), bytes(recorded), grants)
+
+
+# A verified view is cached by its *complete* stored input (the exact rows, fact
+# bytes and digests included, the revision and the recorded digests): unchanged
+# rows skip re-verification, while a single changed byte is another key and is
+# verified, and caught, afresh. Cached views are shared: treat them as read-only.
+@lru_cache(maxsize=4096)
+def _verified(
+    pair: tuple[str, str],
+    revision: int,
+    content: bytes,
+    recorded: bytes,
+    rows: tuple[tuple[Any, ...], ...],
+) -> AudienceView:
+    grants: list[list[Any]] = []
+    facts: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for pack_b, kind_b, key_b, cred_b, install_b, hash_b, fact, fact_digest, active_b in rows:
+        pack, kind, key = pack_b.decode(), kind_b.decode(), key_b.decode()
+        install_id, payload_hash = install_b.decode(), hash_b.decode()
+        if active_b != install_b:
+            raise Stale(
+                f"pack {pack!r} is no longer served by the bound generation {install_id}",
+                axis="activation",
+                served_revision=revision,
+                pack=pack,
+                bound_install_id=install_id,
+                active_install_id=active_b.decode() if active_b else None,
+            )
+        if fact is None:
             raise IntegrityFailure(
-                "the stored view of this audience does not match its recorded digest",
+                f"the fact {pack}/{kind}/{key} of a grant is missing", pack=pack, kind=kind, key=key
+            )
+        if fact_hasher(pack, install_id, payload_hash)(fact) != fact_digest:
+            raise IntegrityFailure(
+                f"the stored fact {pack}/{kind}/{key} does not match its digest",
+                pack=pack,
+                kind=kind,
+                key=key,
                 revision=revision,
             )
-        return AudienceView(
-            audience=str(audience),
+        grants.append([pack, kind, key, cred_b.decode() or None, install_id])
+        fact_id = (pack, install_id, kind, key)
+        if fact_id not in facts:
+            data = orjson.loads(fact)
+            facts[fact_id] = {
+                "pack": pack,
+                "install_id": install_id,
+                "kind": kind,
+                "key": key,
+                "payload": data["payload"],
+                "requires": data["requires"],
+                "credential_sets": data["credential_sets"],
+                "fact_digest": fact_digest.hex(),
+            }
+    fact_entries = [[*k, facts[k]["fact_digest"]] for k in sorted(facts)]
+    if audience_digest(pair, grants, fact_entries) != recorded.decode():
+        raise IntegrityFailure(
+            "the stored view of this audience does not match its recorded digest",
             revision=revision,
-            content_digest=content,
-            audience_digest=recorded,
-            grants=[
-                {
-                    "pack": g[0],
-                    "kind": g[1],
-                    "key": g[2],
-                    "credential_set": g[3],
-                    "install_id": g[4],
-                }
-                for g in grants
-            ],
-            facts=[facts[k] for k in sorted(facts)],
         )
+    return AudienceView(
+        audience=f"{pair[0]}:{pair[1]}",
+        revision=revision,
+        content_digest=content.decode(),
+        audience_digest=recorded.decode(),
+        grants=[
+            {"pack": g[0], "kind": g[1], "key": g[2], "credential_set": g[3], "install_id": g[4]}
+            for g in grants
+        ],
+        facts=[facts[k] for k in sorted(facts)],
+    )

@@ -89,6 +89,7 @@ CREATE TABLE view_catalog_grant (
 	payload_hash VARBINARY(80) NOT NULL,
 	PRIMARY KEY (view_version, audience_kind, audience_id, pack, kind, `key`, credential_set, to_revision)
 );
+CREATE INDEX ix_view_catalog_grant_0 ON view_catalog_grant (view_version, audience_kind, audience_id, to_revision);
 
 CREATE TABLE view_catalog_pending (
 	view_version INTEGER NOT NULL,

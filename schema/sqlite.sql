@@ -93,6 +93,7 @@ CREATE TABLE view_catalog_grant (
 	PRIMARY KEY (view_version, audience_kind, audience_id, pack, kind, "key", credential_set, to_revision)
 )
  WITHOUT ROWID;
+CREATE INDEX ix_view_catalog_grant_0 ON view_catalog_grant (view_version, audience_kind, audience_id, to_revision);
 
 CREATE TABLE view_catalog_pending (
 	view_version INTEGER NOT NULL,

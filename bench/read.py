@@ -1,0 +1,248 @@
+"""View-read latency and throughput: Python reader and HTTP vs a raw indexed SELECT.
+
+Catalog: the publisher benchmark's base size (250 packs x 20 components, 1,000
+audiences, 10,000 bindings), applied and published. Measured in one run, on
+random audiences:
+  raw SELECT    - one indexed SELECT of the same rows (an audience's grants joined
+                  with their facts, physical tables, live version known), DBAPI
+  reader        - CatalogReader.view: one read transaction, fail-closed checks,
+                  fact and audience digests recomputed
+  HTTP          - GET /v1/audiences/{kind}/{id}/view against `catalog-ledger serve`
+                  on loopback, from a concurrent load generator (threads)
+Prints p50/p99 latency, reads/s and the reader/raw p99 ratio.
+
+Usage:
+  python -m bench.read [--engines sqlite,mariadb] [--reads 5000] [--http-seconds 10]
+                       [--clients 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pymysql
+from sqlalchemy.engine import make_url
+
+from domain.identity import Audience
+from ledger.commands import CommandService
+from ledger.db import Database, open_database
+from ledger.runtime import Ledger
+from projections.framework import load_states
+from projections.reader import CatalogReader
+
+CLI = str(Path(sys.executable).with_name("catalog-ledger"))
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(label: str, samples: list[float], elapsed: float) -> float:
+    p50, p99 = percentile(samples, 0.50) * 1000, percentile(samples, 0.99) * 1000
+    print(
+        f"  {label:<34} p50 {p50:7.3f} ms   p99 {p99:7.3f} ms   "
+        f"{len(samples) / elapsed:9,.0f} reads/s"
+    )
+    return p99
+
+
+def raw_select(db: Database) -> Callable[[str, str], Any]:
+    """The same rows the reader returns, in one indexed statement (no checks)."""
+    with db.read() as conn:
+        states = load_states(conn)
+    grant_v, comp_v = states["catalog"].live_version, states["pack_component"].live_version
+    p = "?" if db.is_sqlite else "%s"
+    key = '"key"' if db.is_sqlite else "`key`"
+    sql = (
+        f"SELECT g.pack, g.kind, g.{key}, g.credential_set, g.install_id, c.fact, "
+        f"c.fact_digest FROM view_catalog_grant g JOIN view_pack_component c "
+        f"ON c.view_version = {comp_v} AND c.pack = g.pack AND c.install_id = g.install_id "
+        f"AND c.kind = g.kind AND c.{key} = g.{key} "
+        f"WHERE g.view_version = {grant_v} AND g.audience_kind = {p} AND g.audience_id = {p} "
+        f"AND g.to_revision = {2**62}"
+    )
+    raw = db.engine.raw_connection()
+
+    def run(kind: str, ident: str) -> Any:
+        cursor = raw.cursor()
+        cursor.execute(sql, (kind.encode(), ident.encode()))
+        rows = cursor.fetchall()
+        cursor.close()
+        return rows
+
+    return run
+
+
+def timed(fn: Callable[[], Any], count: int) -> tuple[list[float], float]:
+    samples = []
+    started = time.perf_counter()
+    for _ in range(count):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return samples, time.perf_counter() - started
+
+
+def http_load(
+    base: str, audiences: list[str], seconds: float, clients: int
+) -> tuple[list[float], float]:
+    samples: list[float] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+    failures: list[str] = []
+
+    def client() -> None:
+        rng = random.Random()
+        mine: list[float] = []
+        with httpx.Client(base_url=base, timeout=30) as http:
+            while time.monotonic() < deadline:
+                ident = rng.choice(audiences)
+                t = time.perf_counter()
+                response = http.get(f"/v1/audiences/integration/{quote(ident, safe='')}/view")
+                mine.append(time.perf_counter() - t)
+                if response.status_code != 200:
+                    failures.append(f"{response.status_code} {response.text[:200]}")
+        with lock:
+            samples.extend(mine)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise SystemExit(f"HTTP failures: {failures[:3]}")
+    return samples, time.perf_counter() - started
+
+
+def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> None:
+    from bench.publish import setup_store
+
+    sizes = setup_store(folder, url, 1)
+    db = open_database(url)
+    CommandService(Ledger(db)).publish()
+    audiences = [f"workload-{a:06d}" for a in range(sizes["audiences"])]
+    rng = random.Random(7)
+    print(
+        f"\n{label}: {sizes['audiences']} audiences, {sizes['bindings']} bindings, "
+        f"{sizes['packs']} packs"
+    )
+    raw = raw_select(db)
+    reader = CatalogReader(db)
+    for _ in range(200):  # warm caches and pools for both
+        a = rng.choice(audiences)
+        raw("integration", a)
+        reader.view(Audience.of("integration", a))
+    raw_samples, raw_elapsed = timed(lambda: raw("integration", rng.choice(audiences)), args.reads)
+    raw_p99 = report("raw indexed SELECT (DBAPI)", raw_samples, raw_elapsed)
+    view_samples, view_elapsed = timed(
+        lambda: reader.view(Audience.of("integration", rng.choice(audiences))), args.reads
+    )
+    reader_p99 = report("Python reader (verified view)", view_samples, view_elapsed)
+    print(f"  ratio reader p99 / raw p99         {reader_p99 / raw_p99:7.2f}")
+    port = _free_port()
+    server = subprocess.Popen(
+        [CLI, "--db", url, "serve", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait(base)
+        http_samples, http_elapsed = http_load(base, audiences, args.http_seconds, args.clients)
+        report(f"HTTP, {args.clients} concurrent clients", http_samples, http_elapsed)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    db.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait(base: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(base + "/healthz", timeout=2)
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise SystemExit("server did not start")
+
+
+def _admin(options: dict[str, Any]) -> pymysql.connections.Connection[Any]:
+    return pymysql.connect(
+        host=options["host"],
+        port=options["port"],
+        user=options["user"],
+        password=options["password"],
+        autocommit=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--engines", default="sqlite,mariadb")
+    parser.add_argument("--reads", type=int, default=5000)
+    parser.add_argument("--http-seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--mysql-url",
+        default=os.environ.get(
+            "CATALOG_LEDGER_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test"
+        ),
+    )
+    args = parser.parse_args()
+    print(
+        "read benchmark: latency per view read, percentiles over "
+        f"{args.reads} reads (reader, raw) and {args.http_seconds:.0f} s of HTTP load"
+    )
+    engines = args.engines.split(",")
+    if "sqlite" in engines:
+        with tempfile.TemporaryDirectory() as tmp:
+            measure("SQLite (WAL)", f"sqlite:///{Path(tmp) / 'read.db'}", Path(tmp), args)
+    if "mariadb" in engines:
+        name = "bench_" + secrets.token_hex(5)
+        u = make_url(args.mysql_url)
+        admin = dict(
+            host=u.host or "127.0.0.1",
+            port=u.port or 3306,
+            user=u.username or "root",
+            password=u.password or "",
+            autocommit=True,
+        )
+        with _admin(admin) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                url = u.set(database=name).render_as_string(hide_password=False)
+                measure("MariaDB", url, Path(tmp), args)
+        finally:
+            with _admin(admin) as conn, conn.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+if __name__ == "__main__":
+    main()

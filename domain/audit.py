@@ -1,0 +1,220 @@
+"""Replaying the lifecycle from the log and checking every transition was legal (R6-R13).
+
+An auditor must not trust the command service that wrote the log, so this is
+an independent, event-by-event state machine over the decoded events, fed in
+position order. ``feed`` returns the problem with the event (or ``None``);
+``finish`` checks what must hold once every event has been seen (exactly one
+active generation per activated pack, the pointer naming it, nothing
+retired still selected).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from domain.canonical import canonical_bytes
+from domain.content import hash_problem
+from domain.digests import Purpose, digest
+
+_PREFIX = "domain.lifecycle:"
+
+
+@dataclass
+class _Gen:
+    status: str
+    origin: str
+    payload_hash: str
+    epoch: int | None = None
+
+
+@dataclass
+class _Pack:
+    generations: dict[str, _Gen] = field(default_factory=dict)
+    active: str | None = None  # the pointer's install id
+    epoch: int = 0
+    revision: str | None = None
+    legacy: dict[str, Any] | None = None
+    local: bool = False
+
+
+class LifecycleAuditor:
+    """Independent replay of pack lifecycles; names the first illegal transition."""
+
+    def __init__(self) -> None:
+        self.packs: dict[str, _Pack] = {}
+        self.leases: dict[str, int] = {}
+        self.catalog_revision = 0
+        self.catalog_digest: str | None = None
+
+    def _pack(self, name: str) -> _Pack:
+        return self.packs.setdefault(name, _Pack())
+
+    def feed(self, topic: str, data: dict[str, Any]) -> str | None:
+        """The problem with this event, or ``None`` when the transition is legal."""
+        name = topic.rsplit(":", 1)[-1]
+        handler = getattr(self, "_" + name.replace(".", "_"), None)
+        if handler is None:
+            return None
+        try:
+            result: str | None = handler(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            return f"{name} event is malformed: {type(exc).__name__}: {exc}"
+        return result
+
+    # -- generations ---------------------------------------------------------------------
+
+    def _Generation_Prepared(self, d: dict[str, Any]) -> str | None:
+        pack = self._pack(d["pack"])
+        install_id, origin = d["install_id"], d["origin"]
+        if install_id in pack.generations:
+            return f"generation {install_id} of {d['pack']!r} prepared twice (R9)"
+        if pack.local:
+            return f"a generation of local_path pack {d['pack']!r} (R5)"
+        preparing = [i for i, g in pack.generations.items() if g.status == "preparing"]
+        if preparing:
+            return f"prepared while attempt {preparing[0]} is still preparing (R12)"
+        expected = "v1:" + digest(Purpose.PAYLOAD_V1, canonical_bytes(d["components"])).hex()
+        if d["payload_hash"] != expected:
+            return "the payload hash does not match the generation's components (R9)"
+        source = d["source"]
+        if source.get("kind") != "official_repo" or not source.get("revision"):
+            return "a generation without official_repo@revision authority (R5)"
+        if origin == "install":
+            if pack.active is not None or pack.legacy is not None:
+                return "install of a pack that already has authority (R7)"
+        elif origin == "advance":
+            if pack.active is None or d.get("from_install_id") != pack.active:
+                return "advance from a generation that is not the active one (R7)"
+        elif origin == "adopt":
+            problem = self._adoption(pack, d)
+            if problem:
+                return problem
+        else:
+            return f"unknown origin {origin!r} (R13)"
+        pack.generations[install_id] = _Gen("preparing", origin, d["payload_hash"])
+        return None
+
+    @staticmethod
+    def _adoption(pack: _Pack, d: dict[str, Any]) -> str | None:
+        legacy = pack.legacy
+        if legacy is None or pack.active is not None or pack.generations:
+            return "adoption without a legacy record, or of a pack with history (R7)"
+        if legacy["status"] != "active" or legacy["source"].get("kind") != "official_repo":
+            return "adoption of a legacy record that is not an active official pack (R7)"
+        if d["install_id"] != legacy["install_id"]:
+            return "adoption did not preserve the legacy install id (R7)"
+        stored = legacy["applied_payload_hash"]
+        if hash_problem(stored) is not None:
+            return "adoption without a usable legacy payload hash (R7)"
+        v0 = "v0:" + hashlib.sha256(canonical_bytes(d["components"])).hexdigest()
+        if stored not in (d["payload_hash"], v0):
+            return "adoption whose content the legacy payload hash does not prove (R7)"
+        return None
+
+    def _gen(self, d: dict[str, Any]) -> _Gen | None:
+        return self._pack(d["pack"]).generations.get(d["install_id"])
+
+    def _Generation_Activated(self, d: dict[str, Any]) -> str | None:
+        gen = self._gen(d)
+        if gen is None or gen.status != "preparing":
+            return "activation of a generation that is not preparing (R6)"
+        if d["applied_payload_hash"] != gen.payload_hash:
+            return "applied payload hash differs from the prepared one (R6)"
+        gen.status, gen.epoch = "active", d["epoch"]
+        return None
+
+    def _Generation_Failed(self, d: dict[str, Any]) -> str | None:
+        gen = self._gen(d)
+        if gen is None or gen.status != "preparing":
+            return "failure of a generation that is not preparing (R6)"
+        gen.status = "failed_dirty" if d["dirty"] else "failed_clean"
+        return None
+
+    def _Generation_Retired(self, d: dict[str, Any]) -> str | None:
+        gen = self._gen(d)
+        pack = self._pack(d["pack"])
+        if gen is None or gen.status != "active":
+            return "retirement of a generation that is not active (R6)"
+        if pack.active == d["install_id"]:
+            return "retirement of the generation the activation still selects (R8)"
+        gen.status = "retired"
+        return None
+
+    # -- the activation pointer ----------------------------------------------------------
+
+    def _PackActivation_Started(self, d: dict[str, Any]) -> str | None:
+        pack = self._pack(d["pack"])
+        gen = pack.generations.get(d["install_id"])
+        if pack.active is not None:
+            return "a second first activation (R7)"
+        if d["epoch"] != 1:
+            return f"first activation at epoch {d['epoch']}, not 1 (R7)"
+        if gen is None or gen.status != "active" or gen.epoch != 1:
+            return "the pointer names a generation that was not activated at epoch 1 (R8)"
+        pack.active, pack.epoch, pack.revision = d["install_id"], 1, d["revision"]
+        return None
+
+    def _PackActivation_Advanced(self, d: dict[str, Any]) -> str | None:
+        pack = self._pack(d["pack"])
+        gen = pack.generations.get(d["install_id"])
+        if pack.active != d["from_install_id"] or pack.revision != d["from_revision"]:
+            return "the pointer moved from a generation it did not select (R7)"
+        if d["epoch"] != pack.epoch + 1:
+            return f"epoch {d['epoch']} does not follow {pack.epoch} (R8)"
+        if gen is None or gen.status != "active" or gen.epoch != d["epoch"]:
+            return "the pointer moved to a generation not activated at that epoch (R8)"
+        pack.active, pack.epoch, pack.revision = d["install_id"], d["epoch"], d["revision"]
+        return None
+
+    # -- other pack records --------------------------------------------------------------
+
+    def _LegacyRecord_Imported(self, d: dict[str, Any]) -> str | None:
+        pack = self._pack(d["pack"])
+        if pack.generations or pack.local or pack.legacy is not None:
+            return "legacy record imported for a pack that already has history"
+        pack.legacy = d
+        return None
+
+    def _LocalPack_Installed(self, d: dict[str, Any]) -> str | None:
+        pack = self._pack(d["pack"])
+        if pack.generations or pack.active is not None:
+            return "a local_path record for a pack with generations (R5)"
+        if pack.legacy is not None and pack.legacy["source"].get("kind") != "local_path":
+            return "a local_path record replacing an official legacy pack (R5)"
+        pack.local = True
+        return None
+
+    def _LocalPack_Updated(self, d: dict[str, Any]) -> str | None:
+        return None if self._pack(d["pack"]).local else "update of an unknown local pack"
+
+    # -- coordination and the catalog lineage ---------------------------------------------
+
+    def _Lease_Acquired(self, d: dict[str, Any]) -> str | None:
+        previous = self.leases.get("writer", 0)
+        if d["epoch"] != previous + 1:
+            return f"lease epoch {d['epoch']} does not follow {previous} (R12)"
+        self.leases["writer"] = d["epoch"]
+        return None
+
+    def _Catalog_Published(self, d: dict[str, Any]) -> str | None:
+        if d["revision"] != self.catalog_revision + 1:
+            return f"revision {d['revision']} does not follow {self.catalog_revision} (R17)"
+        if d["parent_digest"] != self.catalog_digest:
+            return "the parent digest is not the previous revision's digest (R17)"
+        self.catalog_revision, self.catalog_digest = d["revision"], d["content_digest"]
+        return None
+
+    def finish(self) -> list[str]:
+        """What must hold at the head: one active generation per pack, the pointer's."""
+        problems = []
+        for name, pack in sorted(self.packs.items()):
+            active = sorted(i for i, g in pack.generations.items() if g.status == "active")
+            expected = [pack.active] if pack.active is not None else []
+            if active != expected:
+                problems.append(
+                    f"pack {name!r}: active generations {active} but the pointer selects "
+                    f"{pack.active} (R8, R13)"
+                )
+        return problems
