@@ -5,8 +5,9 @@ audiences, 10,000 bindings), applied and published. Measured in one run, on
 random audiences:
   raw SELECT    - one indexed SELECT of the same rows (an audience's grants joined
                   with their facts, physical tables, live version known), DBAPI
-  reader        - CatalogReader.view: one read transaction, fail-closed checks,
-                  fact and audience digests recomputed
+  reader        - CatalogReader.view: one statement, fail-closed checks, fact and
+                  audience digests recomputed (cached by exact stored input); the
+                  process GC is tuned as `catalog-ledger serve` tunes it
   HTTP          - GET /v1/audiences/{kind}/{id}/view against `catalog-ledger serve`
                   on loopback, from a concurrent load generator (threads)
 Prints p50/p99 latency, reads/s and the reader/raw p99 ratio.
@@ -41,6 +42,7 @@ from domain.identity import Audience
 from ledger.commands import CommandService
 from ledger.db import Database, open_database
 from ledger.runtime import Ledger
+from ledger.server import tune_gc_for_serving
 from projections.framework import load_states
 from projections.reader import CatalogReader
 
@@ -145,6 +147,7 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> Non
     )
     raw = raw_select(db)
     reader = CatalogReader(db)
+    tune_gc_for_serving()  # as `catalog-ledger serve` does, for both peers alike
     for _ in range(200):  # warm caches and pools for both
         a = rng.choice(audiences)
         raw("integration", a)

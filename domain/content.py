@@ -17,6 +17,7 @@ import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -193,6 +194,7 @@ def fact_digest(pack: str, install_id: str, payload_hash: str, fact: bytes) -> b
     return fact_hasher(pack, install_id, payload_hash)(fact)
 
 
+@lru_cache(maxsize=4096)
 def fact_hasher(pack: str, install_id: str, payload_hash: str) -> Callable[[bytes], bytes]:
     """``fact_digest`` with the generation coordinates hashed once, for many facts.
 

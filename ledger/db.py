@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -94,6 +95,9 @@ class Database:
     read_engine: Engine
     #: Autocommit connections for single-statement reads (MySQL family only).
     statement_engine: Engine | None = None
+    _local: threading.local = field(default_factory=threading.local, repr=False)
+    _held: list[Any] = field(default_factory=list, repr=False)
+    _held_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def is_sqlite(self) -> bool:
@@ -119,14 +123,13 @@ class Database:
         One statement is one consistent snapshot on every engine, so a read that
         fits in one statement needs no BEGIN/COMMIT round trips: SQLite runs it in
         its implicit statement transaction, the MySQL family in autocommit mode
-        (a single-statement REPEATABLE READ transaction). Pooled MySQL connections
-        are not pinged on checkout; a connection found dropped is discarded and
-        the statement retried once on a fresh one.
+        (a single-statement REPEATABLE READ transaction). Each thread keeps one
+        DBAPI connection for these reads (no pool checkout per read, no ping); a
+        connection found dropped is discarded and the statement retried once.
         """
-        engine = self.statement_engine or self.engine
         with translate_errors():
             for attempt in (1, 2):
-                raw = engine.raw_connection()
+                raw = self._statement_connection()
                 try:
                     cursor = raw.cursor()
                     try:
@@ -136,14 +139,34 @@ class Database:
                         cursor.close()
                 except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as exc:
                     number = exc.args[0] if exc.args else None
+                    self._drop_statement_connection(raw)
                     if attempt == 2 or number not in (0, 2006, 2013, 2055):
                         raise
-                    raw.invalidate()
-                finally:
-                    raw.close()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _statement_connection(self) -> Any:
+        raw = getattr(self._local, "raw", None)
+        if raw is None:
+            raw = (self.statement_engine or self.engine).raw_connection()
+            self._local.raw = raw
+            with self._held_lock:
+                self._held.append(raw)
+        return raw
+
+    def _drop_statement_connection(self, raw: Any) -> None:
+        self._local.raw = None
+        with self._held_lock:
+            if raw in self._held:
+                self._held.remove(raw)
+        with suppress(Exception):
+            raw.invalidate()
+
     def close(self) -> None:
+        with self._held_lock:
+            held, self._held = self._held, []
+        for raw in held:
+            with suppress(Exception):
+                raw.close()
         self.engine.dispose()
         for other in (self.read_engine, self.statement_engine):
             if other is not None and other is not self.engine:
@@ -158,12 +181,12 @@ def open_database(url_text: str, *, pool_size: int = 5) -> Database:
         engine = _sqlite_engine(url)
         return Database(engine=engine, dialect=dialect, display_url=display, read_engine=engine)
 
-    def mysql_engine(isolation: str, *, pre_ping: bool = True) -> Engine:
+    def mysql_engine(isolation: str, *, pre_ping: bool = True, overflow: int = pool_size) -> Engine:
         return sa.create_engine(
             url,
             isolation_level=isolation,
             pool_size=pool_size,
-            max_overflow=pool_size,
+            max_overflow=overflow,
             pool_pre_ping=pre_ping,
             pool_recycle=3600,
             # Every transaction is ended explicitly (commit or rollback) by
@@ -179,7 +202,7 @@ def open_database(url_text: str, *, pool_size: int = 5) -> Database:
         read_engine=mysql_engine("REPEATABLE READ"),
         # Single-statement reads retry once on a dropped connection instead of
         # paying a ping round trip on every checkout (see Database.statement).
-        statement_engine=mysql_engine("AUTOCOMMIT", pre_ping=False),
+        statement_engine=mysql_engine("AUTOCOMMIT", pre_ping=False, overflow=64),
     )
 
 
@@ -191,7 +214,11 @@ def _sqlite_engine(url: URL) -> Engine:
             raise Unavailable(
                 f"the directory {parent} does not exist", field="db", path=str(parent)
             )
-    engine = sa.create_engine(url, connect_args={"timeout": 60}, pool_reset_on_return=None)
+    # Reads keep one connection per thread (Database.query): allow a server's
+    # thread pool to hold one each.
+    engine = sa.create_engine(
+        url, connect_args={"timeout": 60}, pool_reset_on_return=None, pool_size=5, max_overflow=64
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

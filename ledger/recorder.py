@@ -419,6 +419,53 @@ class LedgerRecorder(ApplicationRecorder):
         finally:
             cursor.close()
 
+    def scan_full(
+        self, conn: Connection, *, after: int = 0, page: int = 20_000
+    ) -> Iterator[tuple[int, bytes, int, bytes, bytes, bytes, bytes]]:
+        """Every stored row after ``after`` in position order, exactly as stored:
+        (position, aggregate id, version, topic, state, event_id, chain). Rows past
+        the head row are included: the auditor must see everything that is there."""
+        ev = schema.events.name
+        sql = (
+            f"SELECT position, aggregate_id, version, topic, state, event_id, chain FROM {ev} "
+            f"WHERE position > {self._p} ORDER BY position LIMIT {int(page)}"
+        )
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            position = after
+            while True:
+                cursor.execute(sql, (position,))
+                rows = cursor.fetchall()
+                for row in rows:
+                    yield (
+                        int(row[0]),
+                        bytes(row[1]),
+                        int(row[2]),
+                        bytes(row[3]),
+                        bytes(row[4]),
+                        bytes(row[5]),
+                        bytes(row[6]),
+                    )
+                if len(rows) < page:
+                    return
+                position = int(rows[-1][0])
+        finally:
+            cursor.close()
+
+    def event_ids(self, conn: Connection, *, after: int, upto: int) -> list[bytes]:
+        """Stored ``event_id``s of positions ``after+1 .. upto`` (Merkle leaf data)."""
+        ev = schema.events.name
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(
+                f"SELECT event_id FROM {ev} WHERE position > {self._p} AND position <= {self._p}"
+                " ORDER BY position",
+                (after, upto),
+            )
+            return [bytes(r[0]) for r in cursor.fetchall()]
+        finally:
+            cursor.close()
+
     def iter_rows(
         self, *, after: int = 0, upto: int | None = None, batch: int = 5000
     ) -> Iterator[LoggedEvent]:

@@ -44,3 +44,13 @@ meta = sa.Table(
     sa.Column("name", Binary(64), primary_key=True),
     sa.Column("value", Binary(255), nullable=False),
 )
+
+#: Cache of perfect, aligned Merkle subtree hashes (levels >= 10), filled on demand
+#: by proofs and checkpoints. Derived data: `audit verify` never trusts it.
+merkle = sa.Table(
+    "ledger_merkle",
+    metadata,
+    sa.Column("level", sa.Integer(), primary_key=True, autoincrement=False),
+    sa.Column("idx", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("hash", Binary(32), nullable=False),
+)

@@ -7,6 +7,7 @@ DBA reviews are always what the code creates.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -85,6 +86,10 @@ def init_store(db: Database) -> StoreInfo:
                 conn.execute(
                     schema.meta.insert(),
                     {"name": enc("schema_version"), "value": enc(str(schema.SCHEMA_VERSION))},
+                )
+                conn.execute(
+                    schema.meta.insert(),
+                    {"name": enc("store_id"), "value": enc(uuid.uuid4().hex)},
                 )
             elif int(dec(stored)) != schema.SCHEMA_VERSION:
                 raise IntegrityFailure(
