@@ -74,7 +74,7 @@ class VerifierKey:
 
     @classmethod
     def parse(cls, text: str, *, field: str = "key") -> VerifierKey:
-        parts = text.strip().split("+")
+        parts = text.strip().split("+", 2)  # base64 may itself contain '+'
         if len(parts) != 3 or not _NAME.fullmatch(parts[0]):
             raise InvalidInput(f"{field} is not a verifier key (name+id+key)", field=field)
         name, ident, body = parts
@@ -143,7 +143,7 @@ class SignerKey:
 
     @classmethod
     def parse(cls, text: str, *, field: str = "sign") -> SignerKey:
-        parts = text.strip().split("+")
+        parts = text.strip().split("+", 4)  # base64 may itself contain '+'
         if len(parts) != 5 or parts[:2] != ["PRIVATE", "KEY"]:
             raise InvalidInput(f"{field} is not a signer key (PRIVATE+KEY+…)", field=field)
         try:

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import orjson
 
-from domain.errors import LedgerError, UsageError
+from domain.errors import InvalidInput, LedgerError, UsageError
 from ledger.db import Database, open_database, resolve_url
 from ledger.runtime import Ledger
 
 if TYPE_CHECKING:
+    from ledger.checkpoint import VerifierKey
     from ledger.commands import CommandService
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -213,13 +214,15 @@ def schema_group() -> None:
 )
 @json_option
 def schema_dump(out: Path, dialect: str | None, as_json: bool) -> None:
-    """Write the DDL for SQLite and the MySQL family, and the HTTP OpenAPI document."""
+    """Write the DDL for SQLite and the MySQL family, the HTTP OpenAPI document and the
+    JSON Schema of exported events."""
     from ledger.store import ddl
 
     if dialect is not None:
         text = ddl(dialect)
         emit(as_json, {"dialect": dialect, "ddl": text}, lambda: click.echo(text, nl=False))
         return
+    from ledger.event_schema import events_schema
     from ledger.server import openapi_document
 
     written = []
@@ -231,6 +234,9 @@ def schema_dump(out: Path, dialect: str | None, as_json: bool) -> None:
             written.append(str(path))
         path = out / "openapi.json"
         path.write_text(dump_json(openapi_document()), encoding="utf-8")
+        written.append(str(path))
+        path = out / "events.schema.json"
+        path.write_text(dump_json(events_schema()), encoding="utf-8")
         written.append(str(path))
     except OSError as exc:
         raise UsageError(f"cannot write schema files: {exc}", field="out") from None
@@ -337,13 +343,36 @@ def publish(command_id: str | None, as_json: bool) -> None:
     metavar="N",
     help="Fail with STALE unless the active revision is at least N.",
 )
+@click.option(
+    "--at-revision",
+    default=None,
+    metavar="N",
+    help="What the audience was served at revision N, replayed from the log alone.",
+)
 @json_option
-def view(audience: str, min_revision: str | None, as_json: bool) -> None:
+def view(audience: str, min_revision: str | None, at_revision: str | None, as_json: bool) -> None:
     """Show what AUDIENCE (app:<id> or integration:<id>) is served, verified."""
     from projections.reader import CatalogReader, parse_audience, parse_revision
 
-    kind, _, ident = audience.partition(":")
-    parsed = parse_audience(kind, ident) if _ else parse_audience(audience, "")
+    kind, sep, ident = audience.partition(":")
+    parsed = parse_audience(kind, ident) if sep else parse_audience(audience, "")
+    if at_revision is not None:
+        from ledger.audit import view_at
+
+        revision = parse_revision(at_revision, field="at_revision")
+        assert revision is not None
+        past = view_at(_ctx().ledger(), (parsed.kind.value, parsed.id), revision)
+
+        def human_past() -> None:
+            click.echo(
+                f"{past['audience']} at revision {past['revision']} (log position "
+                f"{past['position']}, content {past['content_digest']})"
+            )
+            for fact in past["facts"]:
+                click.echo(f"  {fact['pack']} {fact['kind']}/{fact['key']} [{fact['install_id']}]")
+
+        emit(as_json, past, human_past)
+        return
     result = CatalogReader(_ctx().ledger().db).view(
         parsed, min_revision=parse_revision(min_revision)
     )
@@ -468,6 +497,262 @@ def pack_hash(manifest: Path, pack: str, as_json: bool) -> None:
         click.echo(f"  v0 {document['payload_hash_v0']}")
 
     emit(as_json, document, human)
+
+
+@cli.group("audit")
+def audit_group() -> None:
+    """Verify the log, checkpoints and Merkle proofs (RFC 9162)."""
+
+
+def _read_text(path: Path, field: str) -> str:
+    from ledger.sources import read_input_file
+
+    data = read_input_file(path, field=field, limit=1 << 20)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{path} is not UTF-8 text", field=field) from None
+
+
+def _verifier(key: str | None) -> VerifierKey | None:
+    from ledger.checkpoint import VerifierKey
+
+    if key is None:
+        return None
+    text = _read_text(Path(key), "key") if Path(key).is_file() else key
+    return VerifierKey.parse(text, field="key")
+
+
+@audit_group.command("keygen")
+@click.argument("name")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Signer key file to create (its .pub sibling gets the verifier key).",
+)
+@json_option
+def audit_keygen(name: str, out: Path, as_json: bool) -> None:
+    """Create an Ed25519 key for signing checkpoints (C2SP signed note format)."""
+    from ledger.checkpoint import SignerKey
+
+    if out.exists():
+        raise InvalidInput(f"{out} already exists; refusing to overwrite a key", field="out")
+    key = SignerKey.generate(name)
+    try:
+        out.write_text(key.text() + "\n", encoding="utf-8")
+        out.chmod(0o600)
+        out.with_name(out.name + ".pub").write_text(key.verifier.text() + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {out}: {exc.strerror}", field="out") from None
+    document = {"signer_key_file": str(out), "verifier_key": key.verifier.text()}
+    emit(as_json, document, lambda: click.echo(key.verifier.text()))
+
+
+@audit_group.command("checkpoint")
+@click.option(
+    "--sign",
+    "sign",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="KEYFILE",
+    help="Sign the checkpoint with this signer key.",
+)
+@json_option
+def audit_checkpoint(sign: Path | None, as_json: bool) -> None:
+    """Print a tlog-checkpoint (origin, size, base64 Merkle root), optionally signed."""
+    from ledger.audit import checkpoint
+    from ledger.checkpoint import SignerKey
+
+    cp = checkpoint(_ctx().ledger())
+    note = cp.text()
+    if sign is not None:
+        note = SignerKey.parse(_read_text(sign, "sign"), field="sign").sign(note)
+    document = {"origin": cp.origin, "size": cp.size, "root": note.split("\n")[2], "note": note}
+    emit(as_json, document, lambda: click.echo(note, nl=False))
+
+
+@audit_group.command("prove")
+@click.option(
+    "--position",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Inclusion proof for the event at this position.",
+)
+@click.option(
+    "--size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tree size for the inclusion proof (default: the log size).",
+)
+@click.option(
+    "--from-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Consistency proof from this tree size ...",
+)
+@click.option(
+    "--to-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="... to this one (default: the log size).",
+)
+def audit_prove(
+    position: int | None, size: int | None, from_size: int | None, to_size: int | None
+) -> None:
+    """Print an inclusion or consistency proof as JSON (RFC 9162)."""
+    from ledger.audit import MerkleLog
+
+    log = MerkleLog(_ctx().ledger())
+    if (position is None) == (from_size is None):
+        raise UsageError("give either --position N [--size S] or --from-size A [--to-size B]")
+    if position is not None:
+        document = log.inclusion(position, size or log.size())
+    else:
+        assert from_size is not None
+        document = log.consistency(from_size, to_size or log.size())
+    sys.stdout.write(dump_json(document))
+
+
+@audit_group.command("verify-proof")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option(
+    "--checkpoint",
+    "checkpoint_file",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Checkpoint (tlog-checkpoint or signed note) to verify against.",
+)
+@click.option(
+    "--key",
+    default=None,
+    metavar="PUBKEY",
+    help="Verifier key (file or text): the checkpoint must be signed by it.",
+)
+@json_option
+def audit_verify_proof(file: Path, checkpoint_file: Path, key: str | None, as_json: bool) -> None:
+    """Verify a proof offline against a checkpoint (no database needed)."""
+    from domain.canonical import parse_json
+    from ledger.audit import verify_proof
+    from ledger.checkpoint import Checkpoint
+
+    note = _read_text(checkpoint_file, "checkpoint")
+    verifier = _verifier(key)
+    cp = verifier.verify(note) if verifier else Checkpoint.parse(note)
+    document = parse_json(_read_text(file, "file"), source=str(file))
+    if not isinstance(document, dict):
+        raise InvalidInput(f"{file} is not a proof document", field="file")
+    result = verify_proof(document, cp)
+    emit(
+        as_json,
+        result,
+        lambda: click.echo(
+            f"ok: {result['type']} proof verifies against {cp.origin} at size {cp.size}"
+        ),
+    )
+
+
+@audit_group.command("verify")
+@click.option(
+    "--from-checkpoint",
+    "from_checkpoint",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also prove the log extends this earlier checkpoint.",
+)
+@click.option(
+    "--key", default=None, metavar="PUBKEY", help="Verifier key the checkpoint must be signed by."
+)
+@click.option("--sources", is_flag=True, help="Re-read every official source from git.")
+@click.option("--no-replay", is_flag=True, help="Only chain and Merkle root (fast).")
+@click.option("--no-views", is_flag=True, help="Do not compare live views with a replay.")
+@json_option
+def audit_verify(
+    from_checkpoint: Path | None,
+    key: str | None,
+    sources: bool,
+    no_replay: bool,
+    no_views: bool,
+    as_json: bool,
+) -> None:
+    """Recompute every event id, the chain, the Merkle root, every lifecycle transition
+    and catalog digest; report ok or the first bad position and what is wrong there."""
+    from domain.errors import IntegrityFailure
+    from ledger.audit import verify_log
+
+    ledger = _ctx().ledger()
+    note = _read_text(from_checkpoint, "from_checkpoint") if from_checkpoint else None
+    with progress_bar(not as_json, "audit", "ev") as progress:
+        report = verify_log(
+            ledger,
+            from_checkpoint=note,
+            verifier=_verifier(key),
+            replay=not no_replay,
+            views=not no_views,
+            sources=sources,
+            progress=progress,
+        )
+    document = report.to_json()
+    if not report.ok:
+        first = report.first()
+        assert first is not None
+        where = f"position {first.position}" if first.position else "the log"
+        raise IntegrityFailure(
+            f"audit failed at {where} ({first.check}): {first.message}", **document
+        )
+
+    def human() -> None:
+        click.echo(
+            f"ok: {report.size} events, root {document['root']}, "
+            f"{report.revisions} catalog revision(s); checked {', '.join(report.checks)}"
+        )
+
+    emit(as_json, document, human)
+
+
+@cli.command()
+@click.option("--pack", required=True, help="Pack name (exact bytes).")
+@json_option
+def history(pack: str, as_json: bool) -> None:
+    """Every lifecycle event of a pack, read from the log alone."""
+    from ledger.audit import history as read_history
+
+    events = read_history(_ctx().ledger(), pack)
+
+    def human() -> None:
+        for e in events:
+            extra = " ".join(
+                f"{k}={e[k]}"
+                for k in ("install_id", "epoch", "revision", "reason")
+                if e.get(k) is not None
+            )
+            click.echo(f"{e['position']:>8}  {e['event']:<26} {extra}")
+
+    emit(as_json, {"pack": pack, "events": events}, human)
+
+
+@cli.command("export")
+@click.option("--jsonl", is_flag=True, required=True, help="One JSON document per event.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="File to write (default: stdout).",
+)
+def export(jsonl: bool, out: Path | None) -> None:
+    """Export every event with position, ids, chain and decoded state."""
+    from ledger.audit import export_jsonl
+
+    ledger = _ctx().ledger()
+    if out is None:
+        count = export_jsonl(ledger, sys.stdout)
+    else:
+        try:
+            with out.open("w", encoding="utf-8") as handle:
+                count = export_jsonl(ledger, handle)
+        except OSError as exc:
+            raise InvalidInput(f"cannot write {out}: {exc.strerror}", field="out") from None
+        click.echo(f"{count} events written to {out}", err=True)
 
 
 @cli.group("projections")

@@ -87,16 +87,19 @@ def init_store(db: Database) -> StoreInfo:
                     schema.meta.insert(),
                     {"name": enc("schema_version"), "value": enc(str(schema.SCHEMA_VERSION))},
                 )
-                conn.execute(
-                    schema.meta.insert(),
-                    {"name": enc("store_id"), "value": enc(uuid.uuid4().hex)},
-                )
             elif int(dec(stored)) != schema.SCHEMA_VERSION:
                 raise IntegrityFailure(
                     f"the store has schema version {dec(stored)}, this program knows "
                     f"{schema.SCHEMA_VERSION}",
                     found=dec(stored),
                     expected=schema.SCHEMA_VERSION,
+                )
+            store_id = conn.execute(
+                sa.select(schema.meta.c.value).where(schema.meta.c.name == enc("store_id"))
+            ).scalar()
+            if store_id is None:  # the checkpoint origin names this store
+                conn.execute(
+                    schema.meta.insert(), {"name": enc("store_id"), "value": enc(uuid.uuid4().hex)}
                 )
             row = conn.execute(sa.select(schema.head.c.position).where(schema.head.c.id == 1))
             position = row.scalar()

@@ -197,6 +197,15 @@ class CatalogReader:
         return _verified(pair, int(revision), bytes(content), bytes(recorded), grants)
 
 
+@lru_cache(maxsize=1 << 16)
+def _fact_matches(
+    pack: str, install_id: str, payload_hash: str, fact: bytes, stored: bytes
+) -> bool:
+    """Does ``fact`` hash to ``stored``? Cached by the exact bytes (facts are shared by
+    many audiences); a changed byte is another key and is hashed afresh."""
+    return fact_hasher(pack, install_id, payload_hash)(fact) == stored
+
+
 # A verified view is cached by its *complete* stored input (the exact rows, fact
 # bytes and digests included, the revision and the recorded digests): unchanged
 # rows skip re-verification, while a single changed byte is another key and is
@@ -227,7 +236,7 @@ def _verified(
             raise IntegrityFailure(
                 f"the fact {pack}/{kind}/{key} of a grant is missing", pack=pack, kind=kind, key=key
             )
-        if fact_hasher(pack, install_id, payload_hash)(fact) != fact_digest:
+        if not _fact_matches(pack, install_id, payload_hash, fact, fact_digest):
             raise IntegrityFailure(
                 f"the stored fact {pack}/{kind}/{key} does not match its digest",
                 pack=pack,

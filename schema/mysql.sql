@@ -20,6 +20,13 @@ CREATE TABLE ledger_head (
 	PRIMARY KEY (id)
 );
 
+CREATE TABLE ledger_merkle (
+	level INTEGER NOT NULL,
+	idx BIGINT NOT NULL,
+	hash VARBINARY(32) NOT NULL,
+	PRIMARY KEY (level, idx)
+);
+
 CREATE TABLE ledger_meta (
 	name VARBINARY(64) NOT NULL,
 	value VARBINARY(255) NOT NULL,

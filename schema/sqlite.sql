@@ -20,6 +20,13 @@ CREATE TABLE ledger_head (
 	PRIMARY KEY (id)
 );
 
+CREATE TABLE ledger_merkle (
+	level INTEGER NOT NULL,
+	idx BIGINT NOT NULL,
+	hash BLOB NOT NULL,
+	PRIMARY KEY (level, idx)
+);
+
 CREATE TABLE ledger_meta (
 	name BLOB NOT NULL,
 	value BLOB NOT NULL,

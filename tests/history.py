@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from eventsourcing.domain import Aggregate
 
+from domain.canonical import canonical_bytes
+from domain.digests import Purpose, digest
 from domain.lifecycle import (
     Generation,
     Origin,
@@ -64,7 +66,10 @@ def bulk_history(
         for n in range(packs):
             pack = f"pack-{n:06d}"
             revision = f"{round_no:08x}{n:032x}"
-            payload_hash = "v1:" + f"{round_no:064x}"
+            components_json = _components(pack, round_no, components)
+            payload_hash = (
+                "v1:" + digest(Purpose.PAYLOAD_V1, canonical_bytes(components_json)).hex()
+            )
             history = histories.get(pack)
             ordinal = (len(history.attempts) if history else 0) + 1
             install_id = install_id_for(pack, revision, payload_hash, ordinal)
@@ -80,7 +85,7 @@ def bulk_history(
                 category="app",
                 source=source.to_json(),
                 payload_hash=payload_hash,
-                components=_components(pack, round_no, components),
+                components=components_json,
                 from_install_id=previous.install_id if previous else None,
             )
             if history is None:
@@ -108,5 +113,7 @@ def bulk_history(
                 pending[id(aggregate)] = aggregate
             if len(pending) >= per_aggregate:
                 flush()
-    flush()
+        # An aggregate touched again next round must not have its events grouped
+        # with this round's: that would reorder events across aggregates.
+        flush()
     return total
