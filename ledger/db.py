@@ -93,6 +93,8 @@ class Database:
     dialect: Dialect
     display_url: str
     read_engine: Engine
+    #: The full URL (password included) for worker processes; never printed.
+    url: str = field(default="", repr=False)
     #: Autocommit connections for single-statement reads (MySQL family only).
     statement_engine: Engine | None = None
     _local: threading.local = field(default_factory=threading.local, repr=False)
@@ -179,7 +181,13 @@ def open_database(url_text: str, *, pool_size: int = 5) -> Database:
     display = url.render_as_string(hide_password=True)
     if dialect == "sqlite":
         engine = _sqlite_engine(url)
-        return Database(engine=engine, dialect=dialect, display_url=display, read_engine=engine)
+        return Database(
+            engine=engine,
+            dialect=dialect,
+            display_url=display,
+            read_engine=engine,
+            url=url.render_as_string(hide_password=False),
+        )
 
     def mysql_engine(isolation: str, *, pre_ping: bool = True, overflow: int = pool_size) -> Engine:
         return sa.create_engine(
@@ -203,6 +211,7 @@ def open_database(url_text: str, *, pool_size: int = 5) -> Database:
         # Single-statement reads retry once on a dropped connection instead of
         # paying a ping round trip on every checkout (see Database.statement).
         statement_engine=mysql_engine("AUTOCOMMIT", pre_ping=False, overflow=64),
+        url=url.render_as_string(hide_password=False),
     )
 
 

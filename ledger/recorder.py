@@ -420,15 +420,16 @@ class LedgerRecorder(ApplicationRecorder):
             cursor.close()
 
     def scan_full(
-        self, conn: Connection, *, after: int = 0, page: int = 20_000
+        self, conn: Connection, *, after: int = 0, upto: int | None = None, page: int = 20_000
     ) -> Iterator[tuple[int, bytes, int, bytes, bytes, bytes, bytes]]:
         """Every stored row after ``after`` in position order, exactly as stored:
         (position, aggregate id, version, topic, state, event_id, chain). Rows past
         the head row are included: the auditor must see everything that is there."""
         ev = schema.events.name
+        bound = "" if upto is None else f" AND position <= {int(upto)}"
         sql = (
             f"SELECT position, aggregate_id, version, topic, state, event_id, chain FROM {ev} "
-            f"WHERE position > {self._p} ORDER BY position LIMIT {int(page)}"
+            f"WHERE position > {self._p}{bound} ORDER BY position LIMIT {int(page)}"
         )
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:

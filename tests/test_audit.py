@@ -407,3 +407,26 @@ def test_r22_audit_verify_cli_reports_first_bad_position(world: World) -> None:
     out = run_cli("--db", world.url, "audit", "verify", "--json")
     assert out.code == 6
     assert out.json()["details"]["first_problem"]["position"] == 4
+
+
+def test_r22_parallel_byte_checks_agree_with_a_single_pass(world: World) -> None:
+    bulk_history(world.ledger, packs=400, rounds=3, components=1)
+    head = world.head()
+    single = verify_log(world.ledger, views=False)
+    # Small chunks: both workers get several whole chunks and one a partial tail.
+    parallel = verify_log(world.ledger, views=False, workers=2, chunk=512)
+    assert single.ok and parallel.ok
+    assert (
+        (parallel.size, parallel.root, parallel.chain)
+        == (single.size, single.root, single.chain)
+        == (head, checkpoint(world.ledger).root, single.chain)
+    )
+    position = head - 3
+    (row,) = _rows(world.db, position)
+    with world.db.write() as conn:
+        conn.execute(
+            EV.update().where(EV.c.position == position).values(chain=_flip(bytes(row["chain"])))
+        )
+    report = verify_log(world.ledger, views=False, workers=2, chunk=512)
+    first = report.first()
+    assert first is not None and (first.position, first.check) == (position, "chain")
