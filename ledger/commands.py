@@ -169,7 +169,7 @@ class CommandService:
             except Conflict as exc:
                 if time.monotonic() >= deadline:
                     raise Conflict(
-                        f"the writer lease is busy: {exc.message}", rule="R12", **exc.details
+                        f"the writer lease is busy: {exc.message}", **{**exc.details, "rule": "R12"}
                     ) from None
             time.sleep(pause)
             pause = min(pause * 2, 0.5)

@@ -40,6 +40,7 @@ from domain.digests import ZERO_CHAIN, event_id, next_chain
 from domain.errors import Conflict, InvalidInput
 from domain.log import LoggedEvent
 from ledger import schema
+from ledger.crashpoints import crashpoint
 from ledger.db import Database, translate_errors
 
 Precommit = Callable[[Connection], None]
@@ -117,11 +118,13 @@ class LedgerRecorder(ApplicationRecorder):
         stale write collides with the unique (aggregate id, version) index.
         """
         fenced = self._fence_versions(stored_events, fence or {})
+        crashpoint("append:begin")
         with self.db.write() as conn:
             cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
             try:
                 cursor.execute(self._sql_lock_head)
                 locked = cursor.fetchone()
+                crashpoint("append:head-locked")
                 if locked is None:
                     raise InvalidInput(
                         "the log has no head row; run `catalog-ledger init`", field="db"
@@ -134,6 +137,7 @@ class LedgerRecorder(ApplicationRecorder):
                 if rows:
                     try:
                         cursor.executemany(self._sql_insert, [_row_params(r) for r in rows])
+                        crashpoint("append:rows-inserted")
                     except (sqlite3.IntegrityError, pymysql.err.IntegrityError) as exc:
                         raise Conflict(
                             "an event with the same aggregate id and version already exists",
@@ -144,6 +148,8 @@ class LedgerRecorder(ApplicationRecorder):
                 cursor.close()
             for hook in self.inline_hooks:
                 hook(conn, rows)
+            crashpoint("append:before-commit")
+        crashpoint("append:committed")
         head = Head(rows[-1].position, rows[-1].chain) if rows else start
         return AppendResult(rows=rows, head=head)
 
