@@ -380,3 +380,20 @@ def test_r12_concurrent_apply_of_different_manifests_one_at_a_time(world: World)
     shared_state = world.state("shared")
     assert shared_state.history is not None and len(shared_state.history.attempts) == 1
     assert all(r.ok for r in world.ledger.runner.verify(world.db))
+
+
+def test_r12_busy_writer_lease_is_a_conflict_after_the_wait(world: World) -> None:
+    commit = world.commit("sales", 1)
+    holder = new_service(world, lease_ttl=60.0, holder="long-running-writer")
+    handle = holder.acquire_lease()
+    path = world.manifest([world.official("sales", commit)])
+    head = world.head()
+    out = run_cli("--db", world.url, "apply", str(path), "--wait", "0.3", "--json")
+    assert out.code == 4, out.stdout
+    doc = out.json()
+    assert doc["error"] == "CONFLICT" and doc["details"]["rule"] == "R12"
+    assert doc["details"]["holder"] == "long-running-writer"
+    assert world.head() == head
+    holder.release_lease(handle)
+    assert run_cli("--db", world.url, "apply", str(path), "--json").code == 0
+    holder.ledger.close()
