@@ -23,15 +23,28 @@ from typing import Any, TextIO
 
 import orjson
 import sqlalchemy as sa
-from eventsourcing.utils import get_topic
 
 from domain.audit import LifecycleAuditor
 from domain.canonical import canonical_bytes_trusted
-from domain.catalog import AudienceBindings, Catalog, audience_digest
+from domain.catalog import audience_digest
 from domain.content import fact_hasher
 from domain.digests import ZERO_CHAIN, Purpose, hasher
 from domain.errors import IntegrityFailure, InvalidInput, LedgerError, Missing
-from domain.lifecycle import Generation, LegacyRecord, LocalPack, PackActivation
+from domain.topics import (
+    REPLAY_TOPICS,
+    T_ACTIVATED,
+    T_ADVANCED,
+    T_FAILED,
+    T_GRANTED,
+    T_LEGACY,
+    T_LOCAL_INSTALLED,
+    T_PREPARED,
+    T_PUBLISHED,
+    T_REBOUND,
+    T_RETIRED,
+    T_REVOKED,
+    T_STARTED,
+)
 from ledger import merkle, schema
 from ledger.checkpoint import Checkpoint, VerifierKey
 from ledger.runtime import Ledger
@@ -253,19 +266,6 @@ def verify_proof(document: dict[str, Any], cp: Checkpoint) -> dict[str, Any]:
 
 # -- replaying the catalog ----------------------------------------------------------------------
 
-T_PREPARED = get_topic(Generation.Prepared)
-T_ACTIVATED = get_topic(Generation.Activated)
-T_RETIRED = get_topic(Generation.Retired)
-T_FAILED = get_topic(Generation.Failed)
-T_STARTED = get_topic(PackActivation.Started)
-T_ADVANCED = get_topic(PackActivation.Advanced)
-T_LOCAL = get_topic(LocalPack.Installed)
-T_LEGACY = get_topic(LegacyRecord.Imported)
-T_GRANTED = get_topic(AudienceBindings.Granted)
-T_REBOUND = get_topic(AudienceBindings.Rebound)
-T_REVOKED = get_topic(AudienceBindings.Revoked)
-T_PUBLISHED = get_topic(Catalog.Published)
-REPLAY_TOPICS: frozenset[str] = frozenset()  # set below, once the classes are imported
 CATALOG_TOPICS = frozenset(
     {
         T_PREPARED,
@@ -274,7 +274,7 @@ CATALOG_TOPICS = frozenset(
         T_FAILED,
         T_STARTED,
         T_ADVANCED,
-        T_LOCAL,
+        T_LOCAL_INSTALLED,
         T_LEGACY,
         T_GRANTED,
         T_REBOUND,
@@ -323,7 +323,7 @@ class CatalogReplay:
                 d["epoch"],
                 d["payload_hash"],
             ]
-        elif topic == T_LOCAL:
+        elif topic == T_LOCAL_INSTALLED:
             self.kinds[d["pack"]] = "local_path"
         elif topic == T_LEGACY:
             self.kinds.setdefault(d["pack"], "legacy")
@@ -392,21 +392,6 @@ class CatalogReplay:
                 pack, PackAuthority(pack=pack, source_kind="absent", dirty=status == "failed_dirty")
             )
         return packs
-
-
-def _replay_topics() -> frozenset[str]:
-    from ledger.event_schema import event_classes
-
-    return frozenset(
-        get_topic(c)
-        for c in event_classes()
-        if get_topic(c).startswith(
-            ("domain.lifecycle:", "domain.catalog:", "domain.coordination:Lease")
-        )
-    )
-
-
-REPLAY_TOPICS = _replay_topics()
 
 
 # -- verifying the whole log -------------------------------------------------------------------

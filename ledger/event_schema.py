@@ -11,48 +11,12 @@ import dataclasses
 import typing
 from typing import Any
 
-from eventsourcing.domain import Aggregate
 from eventsourcing.utils import get_topic
 from pydantic import create_model
 
-from domain.catalog import AudienceBindings, Catalog
-from domain.coordination import CommandRecord, Lease
-from domain.lifecycle import (
-    Generation,
-    LegacyRecord,
-    LocalPack,
-    PackActivation,
-    PackHistory,
-)
+from domain.topics import event_classes
 
-AGGREGATES: tuple[type[Aggregate], ...] = (
-    Generation,
-    PackActivation,
-    PackHistory,
-    LocalPack,
-    LegacyRecord,
-    Lease,
-    CommandRecord,
-    AudienceBindings,
-    Catalog,
-)
 _NOT_STATE = {"originator_id", "originator_version"}
-
-
-def event_classes() -> list[type[Any]]:
-    """Every event class of every aggregate, in a stable order."""
-    found = []
-    for aggregate in AGGREGATES:
-        for name in sorted(vars(aggregate)):
-            value = vars(aggregate)[name]
-            if (
-                isinstance(value, type)
-                and issubclass(value, Aggregate.Event)
-                and name not in ("Created", "Event")  # bases eventsourcing adds, never stored
-                and value.__qualname__.startswith(aggregate.__name__ + ".")
-            ):
-                found.append(value)
-    return found
 
 
 def state_schema(cls: type[Any]) -> dict[str, Any]:

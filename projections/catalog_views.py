@@ -18,16 +18,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
-from eventsourcing.utils import get_topic
 
-from domain.catalog import AudienceBindings, Catalog
+from domain.topics import T_GRANTED, T_PUBLISHED, T_REBOUND, T_REVOKED
 from projections.framework import Projection, Row, RowStore, ViewEvent, ViewTable, view_table
 from projections.sqltypes import BigInt, Binary, enc
-
-T_GRANTED = get_topic(AudienceBindings.Granted)
-T_REBOUND = get_topic(AudienceBindings.Rebound)
-T_REVOKED = get_topic(AudienceBindings.Revoked)
-T_PUBLISHED = get_topic(Catalog.Published)
 
 #: ``to_revision`` of rows still in force at the head revision.
 OPEN = 2**62

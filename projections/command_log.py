@@ -10,13 +10,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 import sqlalchemy as sa
-from eventsourcing.utils import get_topic
 
-from domain.coordination import CommandRecord
+from domain.topics import T_RECORDED
 from projections.framework import Projection, RowStore, ViewEvent, view_table
 from projections.sqltypes import BigInt, Binary, enc
-
-T_RECORDED = get_topic(CommandRecord.Recorded)
 
 COMMAND_LOG = view_table(
     "_System_CommandLog",

@@ -14,30 +14,23 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
-from eventsourcing.utils import get_topic
 
 from domain.canonical import canonical_bytes_trusted
 from domain.content import fact_hasher
-from domain.lifecycle import (
-    Generation,
-    GenerationStatus,
-    LegacyRecord,
-    LocalPack,
-    PackActivation,
-    SourceKind,
+from domain.lifecycle import GenerationStatus, SourceKind
+from domain.topics import (
+    T_ACTIVATED,
+    T_ADVANCED,
+    T_FAILED,
+    T_LEGACY,
+    T_LOCAL_INSTALLED,
+    T_LOCAL_UPDATED,
+    T_PREPARED,
+    T_RETIRED,
+    T_STARTED,
 )
 from projections.framework import Projection, RowStore, ViewEvent, view_table
 from projections.sqltypes import BigInt, Binary, Blob, enc
-
-T_PREPARED = get_topic(Generation.Prepared)
-T_ACTIVATED = get_topic(Generation.Activated)
-T_RETIRED = get_topic(Generation.Retired)
-T_FAILED = get_topic(Generation.Failed)
-T_STARTED = get_topic(PackActivation.Started)
-T_ADVANCED = get_topic(PackActivation.Advanced)
-T_LOCAL_INSTALLED = get_topic(LocalPack.Installed)
-T_LOCAL_UPDATED = get_topic(LocalPack.Updated)
-T_LEGACY = get_topic(LegacyRecord.Imported)
 
 
 def _opt(value: str | None) -> bytes | None:
