@@ -17,7 +17,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import sqlite3
 import statistics
@@ -28,11 +27,10 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import pymysql
 from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import AggregateRecorder, InfrastructureFactory, Mapper, StoredEvent
-from sqlalchemy.engine import make_url
 
+from bench.common import DEFAULT_MYSQL, mysql_connect, mysql_scratch
 from ledger.db import open_database
 from ledger.recorder import LedgerRecorder
 from ledger.store import init_store
@@ -162,50 +160,23 @@ def stock_synchronous(folder: Path) -> str:
 # -- MariaDB ----------------------------------------------------------------------------
 
 
-def _mysql_connect(url: str, database: str | None = None) -> pymysql.connections.Connection:
-    u = make_url(url)
-    return pymysql.connect(
-        host=u.host or "127.0.0.1",
-        port=u.port or 3306,
-        user=u.username or "root",
-        password=u.password or "",
-        database=database,
-        autocommit=True,
-        charset="utf8mb4",
-    )
-
-
-class MysqlScratch:
-    """A throwaway database per measurement."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.name = "bench_" + secrets.token_hex(5)
-        with _mysql_connect(url) as conn, conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {self.name}")
-
-    def database_url(self) -> str:
-        return make_url(self.url).set(database=self.name).render_as_string(hide_password=False)
-
-    def drop(self) -> None:
-        with _mysql_connect(self.url) as conn, conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {self.name}")
-
-
 def mysql_ledger(url: str, events: Events, batch: int) -> float:
-    scratch = MysqlScratch(url)
-    db = open_database(scratch.database_url())
-    try:
-        init_store(db)
-        return _timed_batches(LedgerRecorder(db).insert_events, events, batch)
-    finally:
-        db.close()
-        scratch.drop()
+    with mysql_scratch(url) as (scratch_url, _):
+        db = open_database(scratch_url)
+        try:
+            init_store(db)
+            return _timed_batches(LedgerRecorder(db).insert_events, events, batch)
+        finally:
+            db.close()
 
 
 def mysql_raw(url: str, events: Events, batch: int) -> float:
-    scratch = MysqlScratch(url)
-    conn = _mysql_connect(url, scratch.name)
+    with mysql_scratch(url) as (_, name):
+        return _mysql_raw(url, name, events, batch)
+
+
+def _mysql_raw(url: str, name: str, events: Events, batch: int) -> float:
+    conn = mysql_connect(url, name)
     try:
         with conn.cursor() as cur:
             cur.execute(
@@ -225,13 +196,12 @@ def mysql_raw(url: str, events: Events, batch: int) -> float:
         return _timed_batches(insert, rows, batch)  # type: ignore[arg-type]
     finally:
         conn.close()
-        scratch.drop()
 
 
 def mysql_durability(url: str) -> str:
-    with _mysql_connect(url) as conn, conn.cursor() as cur:
+    with mysql_connect(url) as conn, conn.cursor() as cur:
         cur.execute("SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@version")
-        flush, sync_binlog, version = cur.fetchone()  # type: ignore[misc]
+        flush, sync_binlog, version = cur.fetchone()
     return f"{version}: innodb_flush_log_at_trx_commit={flush}, sync_binlog={sync_binlog}"
 
 
@@ -253,9 +223,7 @@ def main() -> None:
     parser.add_argument("--engines", default="sqlite,mariadb")
     parser.add_argument(
         "--mysql-url",
-        default=os.environ.get(
-            "CATALOG_LEDGER_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test"
-        ),
+        default=DEFAULT_MYSQL,
     )
     args = parser.parse_args()
     engines = args.engines.split(",")

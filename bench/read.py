@@ -20,9 +20,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import secrets
 import socket
 import subprocess
 import sys
@@ -35,9 +33,8 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-import pymysql
-from sqlalchemy.engine import make_url
 
+from bench.common import DEFAULT_MYSQL, mysql_scratch
 from domain.identity import Audience
 from ledger.commands import CommandService
 from ledger.db import Database, open_database
@@ -193,16 +190,6 @@ def _wait(base: str) -> None:
     raise SystemExit("server did not start")
 
 
-def _admin(options: dict[str, Any]) -> pymysql.connections.Connection[Any]:
-    return pymysql.connect(
-        host=options["host"],
-        port=options["port"],
-        user=options["user"],
-        password=options["password"],
-        autocommit=True,
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -213,9 +200,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument(
         "--mysql-url",
-        default=os.environ.get(
-            "CATALOG_LEDGER_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test"
-        ),
+        default=DEFAULT_MYSQL,
     )
     args = parser.parse_args()
     print(
@@ -227,24 +212,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             measure("SQLite (WAL)", f"sqlite:///{Path(tmp) / 'read.db'}", Path(tmp), args)
     if "mariadb" in engines:
-        name = "bench_" + secrets.token_hex(5)
-        u = make_url(args.mysql_url)
-        admin = dict(
-            host=u.host or "127.0.0.1",
-            port=u.port or 3306,
-            user=u.username or "root",
-            password=u.password or "",
-            autocommit=True,
-        )
-        with _admin(admin) as conn, conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {name}")
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                url = u.set(database=name).render_as_string(hide_password=False)
-                measure("MariaDB", url, Path(tmp), args)
-        finally:
-            with _admin(admin) as conn, conn.cursor() as cur:
-                cur.execute(f"DROP DATABASE IF EXISTS {name}")
+        with mysql_scratch(args.mysql_url) as (url, _), tempfile.TemporaryDirectory() as tmp:
+            measure("MariaDB", url, Path(tmp), args)
 
 
 if __name__ == "__main__":

@@ -16,19 +16,16 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
-import secrets
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import pymysql
 from eventsourcing.persistence import JSONTranscoder, Mapper, StoredEvent
 from eventsourcing.utils import Environment
-from sqlalchemy.engine import make_url
 
+from bench.common import DEFAULT_MYSQL, mysql_scratch
 from ledger.db import Database, open_database
 from ledger.rebuild import default_workers, process_builder
 from ledger.runtime import Ledger
@@ -115,21 +112,6 @@ def measure(label: str, url: str, events: int, repeat: int) -> None:
     print(f"  ratio rebuild / raw scan     {best / medians['raw scan']:>8.2f}")
 
 
-def _mysql(url: str, sql: str) -> None:
-    u = make_url(url)
-    with (
-        pymysql.connect(
-            host=u.host or "127.0.0.1",
-            port=u.port or 3306,
-            user=u.username or "root",
-            password=u.password or "",
-            autocommit=True,
-        ) as conn,
-        conn.cursor() as cur,
-    ):
-        cur.execute(sql)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -140,9 +122,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
         "--mysql-url",
-        default=os.environ.get(
-            "CATALOG_LEDGER_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test"
-        ),
+        default=DEFAULT_MYSQL,
     )
     args = parser.parse_args()
     engines = args.engines.split(",")
@@ -156,13 +136,8 @@ def main() -> None:
                 args.repeat,
             )
     if "mariadb" in engines:
-        name = "bench_" + secrets.token_hex(5)
-        _mysql(args.mysql_url, f"CREATE DATABASE {name}")
-        try:
-            url = make_url(args.mysql_url).set(database=name).render_as_string(hide_password=False)
+        with mysql_scratch(args.mysql_url) as (url, _):
             measure("MariaDB", url, args.mysql_events, args.repeat)
-        finally:
-            _mysql(args.mysql_url, f"DROP DATABASE IF EXISTS {name}")
 
 
 if __name__ == "__main__":
