@@ -54,6 +54,11 @@ CredentialText = Annotated[str, AfterValidator(identity_check(CredentialSet))]
 CategoryText = Annotated[str, AfterValidator(identity_check(Category))]
 
 
+#: Input lists stop validating at their first bad element: a few MB of input can hold
+#: millions of bad values, and collecting an error for each took seconds and gigabytes.
+FirstError = Field(fail_fast=True)
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -68,14 +73,16 @@ class ComponentModel(StrictModel):
     kind: KindText
     key: KeyText
     payload: Any
-    requires: list[RequirementModel] = Field(default_factory=list)
-    credential_sets: Annotated[list[CredentialText], Field(min_length=1)] | None = None
+    requires: Annotated[list[RequirementModel], FirstError] = Field(default_factory=list)
+    credential_sets: Annotated[list[CredentialText], Field(min_length=1, fail_fast=True)] | None = (
+        None
+    )
 
 
 class PackContentModel(StrictModel):
     name: PackText
     category: CategoryText
-    components: list[ComponentModel]
+    components: Annotated[list[ComponentModel], FirstError]
 
 
 def loc_path(loc: Sequence[int | str]) -> str:
@@ -89,20 +96,27 @@ def loc_path(loc: Sequence[int | str]) -> str:
     return out or "$"
 
 
+#: Problems listed in one error; the rest are counted. A few MB of input can hold a
+#: million bad values, and listing them all made a 200 MB error document.
+MAX_LISTED_ERRORS = 100
+
+
 def invalid_from(error: ValidationError, *, file: str, prefix: str = "") -> InvalidInput:
-    """All of pydantic's errors as one ``InvalidInput`` naming the file and first field."""
+    """Pydantic's errors as one ``InvalidInput`` naming the file and first field."""
     problems = []
-    for item in error.errors(include_url=False, include_input=False):
+    count = error.error_count()
+    for item in error.errors(include_url=False, include_input=False)[:MAX_LISTED_ERRORS]:
         path = loc_path(item["loc"])
         field = f"{prefix}.{path}" if prefix and path != "$" else (prefix or path)
         problems.append({"field": field, "problem": item["msg"]})
     first = problems[0]
     return InvalidInput(
         f"{file}: {first['field']}: {first['problem']}"
-        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+        + (f" (and {count - 1} more)" if count > 1 else ""),
         field=first["field"],
         file=file,
         errors=problems,
+        error_count=count,
     )
 
 

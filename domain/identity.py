@@ -185,6 +185,18 @@ class Audience(NamedTuple):
 
     @classmethod
     def of(cls, kind: str, ident: str, *, field: str = "audience") -> Audience:
+        """From the two parts given separately (e.g. two URL path segments).
+
+        A ':' in the kind is rejected here: joining and re-splitting would move it
+        into the id (R2), serving ("app:x", "y") as app:"x:y".
+        """
+        if ":" in kind:
+            raise InvalidInput(
+                f"{field} kind must be 'app' or 'integration', got {kind!r}",
+                field=field,
+                part="kind",
+                value=_preview(kind),
+            )
         return cls.parse(f"{kind}:{ident}", field=field)
 
     def __str__(self) -> str:

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, Field, RootModel, ValidationError
 from domain.content import (
     CategoryText,
     CredentialText,
+    FirstError,
     KeyText,
     KindText,
     PackText,
@@ -84,10 +85,10 @@ class BindingModel(StrictModel):
 
 
 class ManifestModel(StrictModel):
-    packs: list[ManifestPackModel] = Field(default_factory=list)
+    packs: Annotated[list[ManifestPackModel], FirstError] = Field(default_factory=list)
     #: Absent: keep the current bindings (re-bound to moved generations);
     #: present (even empty): exactly this set.
-    bindings: list[BindingModel] | None = None
+    bindings: Annotated[list[BindingModel], FirstError] | None = None
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ class LegacyRecordModel(StrictModel):
     applied_payload_hash: Annotated[str, Field(max_length=255)] | None
 
 
-class LegacyFileModel(RootModel[list[LegacyRecordModel]]):
+class LegacyFileModel(RootModel[Annotated[list[LegacyRecordModel], FirstError]]):
     pass
 
 

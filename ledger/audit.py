@@ -224,6 +224,24 @@ def checkpoint(ledger: Ledger) -> Checkpoint:
     return Checkpoint(origin_of(ledger), size, log.root(size) if size else merkle.EMPTY_ROOT)
 
 
+def _proof_value(document: dict[str, Any], name: str, convert: Callable[[Any], Any]) -> Any:
+    """``document[name]`` through ``convert``; missing or malformed is INVALID, not a crash."""
+    if name not in document:
+        raise InvalidInput(f"the proof file has no {name!r}", field=f"file.{name}")
+    try:
+        return convert(document[name])
+    except (TypeError, ValueError):
+        raise InvalidInput(
+            f"the proof file's {name!r} is malformed", field=f"file.{name}"
+        ) from None
+
+
+def _proof_hashes(value: Any) -> list[bytes]:
+    if not isinstance(value, list):
+        raise TypeError("not a list")
+    return [_unb64(p, "proof") for p in value]
+
+
 def verify_proof(document: dict[str, Any], cp: Checkpoint) -> dict[str, Any]:
     """Check a proof document against a checkpoint, offline (no database)."""
     kind = document.get("type")
@@ -234,18 +252,19 @@ def verify_proof(document: dict[str, Any], cp: Checkpoint) -> dict[str, Any]:
                 proof_size=document.get("tree_size"),
                 checkpoint_size=cp.size,
             )
-        event_id = bytes.fromhex(str(document["event_id"]))
+        event_id = _proof_value(document, "event_id", lambda v: bytes.fromhex(str(v)))
         leaf = merkle.leaf_hash(event_id)
-        if leaf != _unb64(str(document["leaf_hash"]), "leaf_hash"):
+        if leaf != _proof_value(document, "leaf_hash", lambda v: _unb64(str(v), "leaf_hash")):
             raise IntegrityFailure("the leaf hash does not match the event id")
         merkle.verify_inclusion(
-            int(document["leaf_index"]),
+            _proof_value(document, "leaf_index", int),
             cp.size,
             leaf,
-            [_unb64(p, "proof") for p in document["proof"]],
+            _proof_value(document, "proof", _proof_hashes),
             cp.root,
         )
-        return {"ok": True, "type": kind, "position": document["position"], "size": cp.size}
+        position = _proof_value(document, "position", lambda v: v)
+        return {"ok": True, "type": kind, "position": position, "size": cp.size}
     if kind == "consistency":
         if document.get("size2") != cp.size:
             raise IntegrityFailure(
@@ -253,14 +272,15 @@ def verify_proof(document: dict[str, Any], cp: Checkpoint) -> dict[str, Any]:
                 proof_size=document.get("size2"),
                 checkpoint_size=cp.size,
             )
+        size1 = _proof_value(document, "size1", int)
         merkle.verify_consistency(
-            int(document["size1"]),
+            size1,
             cp.size,
-            [_unb64(p, "proof") for p in document["proof"]],
-            _unb64(str(document["root1"]), "root1"),
+            _proof_value(document, "proof", _proof_hashes),
+            _proof_value(document, "root1", lambda v: _unb64(str(v), "root1")),
             cp.root,
         )
-        return {"ok": True, "type": kind, "size1": document["size1"], "size2": cp.size}
+        return {"ok": True, "type": kind, "size1": size1, "size2": cp.size}
     raise InvalidInput("the proof file has no known type", field="file")
 
 

@@ -46,7 +46,10 @@ class Checkpoint:
         """The checkpoint in a (possibly signed) note; signatures are not checked here."""
         body = note.split("\n\n", 1)[0]
         lines = body.split("\n")
-        if len(lines) < 3 or not lines[0] or not lines[1].isdigit():
+        size = lines[1] if len(lines) > 1 else ""
+        # ASCII digits only (int() refuses '²'), and few enough for a 64-bit tree size.
+        plain = size.isascii() and size.isdigit() and len(size) <= 19
+        if len(lines) < 3 or not lines[0] or not plain:
             raise InvalidInput(
                 f"{field} is not a tlog-checkpoint (origin, size, base64 root)", field=field
             )

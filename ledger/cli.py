@@ -76,10 +76,33 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _scrub(value: Any) -> Any:
+    """``value`` with lone surrogates in strings written as ``\\udcff`` text and
+    integers beyond 64 bits as decimal strings (orjson encodes neither)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+        return str(value)
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v) for v in value]
+    return value
+
+
 def dump_json(document: Any) -> str:
-    """One JSON document; never fails on bytes, sets or non-string keys."""
+    """One JSON document; never fails on bytes, sets, non-string keys or lone surrogates."""
     options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
-    return orjson.dumps(document, option=options, default=_json_default).decode() + "\n"
+    try:
+        return orjson.dumps(document, option=options, default=_json_default).decode() + "\n"
+    except orjson.JSONEncodeError:
+        # Undecodable bytes of an argument or a file name arrive as lone surrogates
+        # (surrogateescape), which are not UTF-8, and an input may carry a huge
+        # integer: show both as text instead of failing.
+        scrubbed = orjson.dumps(
+            _scrub(document), option=options, default=lambda v: _scrub(_json_default(v))
+        )
+        return scrubbed.decode() + "\n"
 
 
 def emit(as_json: bool, document: Any, human: Callable[[], None]) -> None:

@@ -51,6 +51,10 @@ def resolve_url(explicit: str | None) -> str:
 
 def _normalize(url_text: str) -> tuple[URL, Dialect]:
     try:
+        url_text.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable argv bytes arrive as lone surrogates
+        raise InvalidInput("the database URL is not valid UTF-8", field="db") from None
+    try:
         url = make_url(url_text)
     except Exception:
         raise InvalidInput(

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from domain.errors import (
@@ -35,6 +36,17 @@ from domain.errors import (
 from projections.reader import CatalogReader, parse_audience, parse_revision
 
 API_VERSION = "1"
+
+
+class _AnyText(PathConvertor):
+    """Starlette's ``path`` convertor (``.*``) stops at a newline, so an id holding one
+    fell through to a route-level 404; this one takes every character, letting the
+    reader reject the id as INVALID naming it (R19)."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("anytext", _AnyText())
 
 _STATUS: list[tuple[type[LedgerError], int]] = [
     (Missing, 404),
@@ -187,7 +199,7 @@ def create_app(
         return found
 
     @app.get(
-        "/v1/audiences/{kind}/{audience_id:path}/view",
+        "/v1/audiences/{kind}/{audience_id:anytext}/view",
         response_model=View,
         responses={304: {"description": "Not modified (ETag matches)"}, **_ERRORS},
     )

@@ -93,21 +93,38 @@ def resolve_packs(packs: Sequence[ManifestPack], *, base: Path) -> list[Resolved
     return [resolved[i] for i in range(len(packs))]
 
 
+def _directory(path: Path, base: Path, field: str) -> tuple[Path, bool]:
+    """``path`` made absolute (``~`` expanded, relative to ``base``); is it a directory?
+
+    Every way a hostile path can fail (an unknown ``~user``, a name too long for
+    the file system) becomes ``InvalidInput`` naming ``field``.
+    """
+    try:
+        path = path.expanduser()
+        path = (path if path.is_absolute() else base / path).resolve()
+        return path, path.is_dir()
+    except (OSError, RuntimeError) as exc:
+        raise InvalidInput(
+            f"{field}: {str(path)[:200]!r} is not usable: {exc}", field=field
+        ) from None
+
+
 def _repo_path(text: str, base: Path, index: int) -> Path:
     field = f"packs[{index}].source.repo"
+    path = Path(text)
     if "://" in text:
-        parsed = urlparse(text)
+        try:
+            parsed = urlparse(text)
+        except ValueError as exc:
+            raise InvalidInput(f"{field}: not a valid URL: {exc}", field=field) from None
         if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
             raise InvalidInput(
                 f"{field}: only local repositories (a path or a file:// URL) are supported",
                 field=field,
             )
         path = Path(unquote(parsed.path))
-    else:
-        path = Path(text).expanduser()
-    path = path if path.is_absolute() else (base / path)
-    path = path.resolve()
-    if not path.is_dir():
+    path, is_dir = _directory(path, base, field)
+    if not is_dir:
         raise InvalidInput(f"{field}: repository {path} does not exist", field=field)
     return path
 
@@ -197,9 +214,8 @@ def _cat_file_batch(repo: Path, queries: list[str], *, first_field: str) -> list
 
 def _resolve_local(index: int, pack: ManifestPack, source: LocalSource, base: Path) -> ResolvedPack:
     field = f"packs[{index}].source.path"
-    folder = Path(source.path).expanduser()
-    folder = (folder if folder.is_absolute() else base / folder).resolve()
-    if not folder.is_dir():
+    folder, is_dir = _directory(Path(source.path), base, field)
+    if not is_dir:
         raise InvalidInput(f"{field}: directory {folder} does not exist", field=field)
     file = folder / "pack.json"
     data = read_input_file(file, field=field, limit=MAX_PACK_BYTES)

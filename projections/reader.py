@@ -80,7 +80,8 @@ def parse_revision(value: object, *, field: str = "min_revision") -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise InvalidInput(f"{field} must be a non-negative integer", field=field, part="revision")
     text = str(value)
-    if not text.isdigit() or len(text) > 18:
+    # isascii: str.isdigit() also accepts digits int() refuses ('²') or reads ('١').
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise InvalidInput(
             f"{field} must be a non-negative integer, got {text!r}", field=field, part="revision"
         )
