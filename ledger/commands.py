@@ -129,6 +129,13 @@ def _rejected(rejections: Sequence[tuple[str, Rejection]]) -> LifecycleRejected:
     )
 
 
+def _after_recovery(catalog: CatalogSnapshot, abandoned: set[str]) -> CatalogSnapshot:
+    """The publisher's input once the next lease holder has recovered ``abandoned`` packs:
+    their newest attempt is failed_dirty, which blocks publication (R12)."""
+    packs = {p: replace(a, dirty=True) if p in abandoned else a for p, a in catalog.packs.items()}
+    return replace(catalog, packs=packs)
+
+
 class CommandService:
     """Commands over one ``Ledger``."""
 
@@ -509,6 +516,8 @@ class CommandService:
                 for r in resolved
             }
             catalog = read_snapshot(self.ledger, reader.conn)
+            lease = reader.lease(WRITER_LEASE)
+            abandoned = {pack for pack, _ in preparing_generations(reader.conn)}
         recovered_states = {p: after_recovery(s) for p, s in states.items()}
         plan = self._plan(resolved, recovered_states)
         preview = self._release(
@@ -522,6 +531,19 @@ class CommandService:
         )
         if preview.noop:
             return self._result(cid, resolved, plan, {}, preview, recovered=[], noop=True)
+        if abandoned and (lease is None or lease.is_free(self._now_us())):
+            # This release will be the next lease holder: its recovery turns every
+            # abandoned attempt into failed_dirty (R12), so judge the catalog it will
+            # publish after that, before any append (R11).
+            self._release(
+                resolved,
+                plan,
+                recovered_states,
+                _after_recovery(catalog, abandoned),
+                manifest.bindings,
+                candidates=None,
+                publish=publish,
+            )
         with self.leased() as handle:
             with self.ledger.snapshot() as reader:
                 states = {p: reader.pack_state(p) for p in states}

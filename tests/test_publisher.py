@@ -272,6 +272,26 @@ def test_r12_dirty_pack_blocks_publication_until_a_later_generation_activates(
     assert repaired["packs"][0]["decision"] == "advance" and repaired["catalog"]["published"]
 
 
+def test_r11_r12_release_publishing_over_an_abandoned_attempt_is_rejected_before_recovery(
+    world: World,
+) -> None:
+    """An attempt left preparing makes its pack dirty once the next lease holder recovers
+    it (R12); a release that would then publish that pack is rejected up front (R11):
+    not even the recovery is appended. Found by the lifecycle model check."""
+    c1, c2 = (world.release({"sales/pack.json": sales(v)}) for v in (1, 2))
+    release(world, c1, full("integration:a"))
+    _advance(world, c1, c2)  # prepared, never activated: abandoned
+    head = world.head()
+    # A release of no packs that grants more of the (about to be dirty) sales pack.
+    grant_more = world.manifest([], [*full("integration:a"), *full("integration:b")])
+    with pytest.raises(LifecycleRejected) as info:
+        world.service.apply(grant_more)
+    assert {p["reason"] for p in info.value.details["problems"]} == {"DIRTY_PACK"}
+    assert world.head() == head
+    advanced = release(world, c2, [*full("integration:a"), *full("integration:b")])
+    assert advanced["packs"][0]["decision"] == "advance" and advanced["catalog"]["published"]
+
+
 def test_r5_binding_to_a_local_path_pack_fails_closed(world: World) -> None:
     c1 = world.release({"sales/pack.json": sales()})
     folder = world.local_dir("dev", 1)
