@@ -16,7 +16,10 @@ DEFAULT_MYSQL = os.environ.get(
 )
 
 
-def mysql_connect(url: str, database: str | None = None) -> pymysql.connections.Connection[Any]:
+def mysql_connect(
+    url: str, database: str | None = None, *, connect_timeout: int = 10
+) -> pymysql.connections.Connection[Any]:
+    """An autocommit PyMySQL connection to the server of ``url`` (its database ignored)."""
     u = make_url(url)
     return pymysql.connect(
         host=u.host or "127.0.0.1",
@@ -26,13 +29,14 @@ def mysql_connect(url: str, database: str | None = None) -> pymysql.connections.
         database=database,
         autocommit=True,
         charset="utf8mb4",
+        connect_timeout=connect_timeout,
     )
 
 
 @contextmanager
-def mysql_scratch(url: str) -> Iterator[tuple[str, str]]:
+def mysql_scratch(url: str, prefix: str = "bench_") -> Iterator[tuple[str, str]]:
     """A throwaway database on the server of ``url``: (its URL, its name); dropped after."""
-    name = "bench_" + secrets.token_hex(5)
+    name = prefix + secrets.token_hex(5)
     with mysql_connect(url) as conn, conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE {name}")
     try:

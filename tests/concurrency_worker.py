@@ -21,25 +21,13 @@ from ledger.commands import CommandService
 from ledger.db import open_database
 from ledger.rebuild import process_builder
 from ledger.runtime import Ledger
-from tests.gitrepo import Repo, component, manifest, official, pack_json
+from tests.gitrepo import Repo, manifest, official, push_pack
 
 PACKS = ["p0", "p1", "p2", "p3"]
 
 
 def _content(name: str, version: int) -> bytes:
-    return pack_json(
-        name,
-        "app",
-        [
-            component(
-                "push_contract",
-                "Order.push",
-                {"v": version},
-                requires=[{"kind": "callout_profile", "key": "erp"}],
-            ),
-            component("callout_profile", "erp", {"v": version}, credential_sets=["prod"]),
-        ],
-    )
+    return push_pack(name, version, profile_payload={"v": version}, credential_sets=("prod",))
 
 
 def build(workdir: Path, manifests: int = 8) -> list[Path]:

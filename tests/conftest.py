@@ -12,21 +12,22 @@ silently skipped.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pymysql
 import pytest
 from sqlalchemy.engine import make_url
 
+from bench.common import DEFAULT_MYSQL, mysql_connect, mysql_scratch
 from ledger.db import Database, open_database
 from ledger.store import init_store
 
 MYSQL_ENV = "CATALOG_LEDGER_TEST_MYSQL"
-DEFAULT_MYSQL = "mysql+pymysql://root@127.0.0.1:3306/test"
 ENGINES = ["sqlite", "mariadb"]
 
 
@@ -36,21 +37,17 @@ class Server:
 
     url: str
 
-    def connect(self, database: str | None = None) -> pymysql.connections.Connection:
-        u = make_url(self.url)
-        return pymysql.connect(
-            host=u.host or "127.0.0.1",
-            port=u.port or 3306,
-            user=u.username or "root",
-            password=u.password or "",
-            database=database,
-            charset="utf8mb4",
-            autocommit=True,
-            connect_timeout=5,
-        )
+    def connect(self, database: str | None = None) -> pymysql.connections.Connection[Any]:
+        return mysql_connect(self.url, database, connect_timeout=5)
 
     def database_url(self, name: str) -> str:
         return make_url(self.url).set(database=name).render_as_string(hide_password=False)
+
+    @contextmanager
+    def scratch(self) -> Iterator[str]:
+        """A fresh, empty database on this server (server default collation), dropped after."""
+        with mysql_scratch(self.url, prefix="cl_") as (url, _):
+            yield url
 
 
 def _answers(url: str) -> str | None:
@@ -88,14 +85,8 @@ def mysql_server() -> Iterator[Server]:
 @pytest.fixture
 def mysql_url(mysql_server: Server) -> Iterator[str]:
     """A fresh, empty database on the MySQL-family server (server default collation)."""
-    name = "cl_" + secrets.token_hex(6)
-    with mysql_server.connect() as conn, conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    try:
-        yield mysql_server.database_url(name)
-    finally:
-        with mysql_server.connect() as conn, conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {name}")
+    with mysql_server.scratch() as url:
+        yield url
 
 
 @pytest.fixture
@@ -109,6 +100,17 @@ def engine_url(request: pytest.FixtureRequest) -> str:
     if request.param == "sqlite":
         return str(request.getfixturevalue("sqlite_url"))
     return str(request.getfixturevalue("mysql_url"))
+
+
+@pytest.fixture
+def sibling_url(engine_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A second fresh store on the engine of ``engine_url`` (not yet initialized)."""
+    if engine_url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path / 'sibling.db'}"
+        return
+    server: Server = request.getfixturevalue("mysql_server")
+    with server.scratch() as url:
+        yield url
 
 
 @pytest.fixture

@@ -28,29 +28,17 @@ from ledger.runtime import Ledger
 from ledger.sources import resolve_manifest
 from ledger.store import init_store
 from projections.reader import CatalogReader
-from tests.gitrepo import Repo, component, local, manifest, official, pack_json
+from tests.gitrepo import Repo, local, manifest, official, push_pack
 
 AUDIENCES = ["integration:erp-sync", "app:crm", "integration:audit"]
 
 
 def _content(name: str, version: int) -> bytes:
-    return pack_json(
+    return push_pack(
         name,
-        "app",
-        [
-            component(
-                "push_contract",
-                "Order.push",
-                {"v": version, "pack": name},
-                requires=[{"kind": "callout_profile", "key": "erp"}],
-            ),
-            component(
-                "callout_profile",
-                "erp",
-                {"url": f"https://{name}.example"},
-                credential_sets=["erp-prod", "erp-test"],
-            ),
-        ],
+        version,
+        push_payload={"v": version, "pack": name},
+        profile_payload={"url": f"https://{name}.example"},
     )
 
 

@@ -32,14 +32,8 @@ def fresh_store(kind: str, folder: Path, server: Server | None) -> Iterator[str]
         yield f"sqlite:///{folder / ('store-' + secrets.token_hex(4) + '.db')}"
         return
     assert server is not None
-    name = "cl_" + secrets.token_hex(6)
-    with server.connect() as conn, conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    try:
-        yield server.database_url(name)
-    finally:
-        with server.connect() as conn, conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {name}")
+    with server.scratch() as url:
+        yield url
 
 
 def run_scenario(

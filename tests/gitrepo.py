@@ -54,6 +54,87 @@ def component(
     return out
 
 
+def push_pack(
+    name: str,
+    version: int,
+    category: str = "app",
+    *,
+    push_payload: Any = None,
+    profile_payload: Any = None,
+    credential_sets: tuple[str, ...] = ("erp-prod", "erp-test"),
+    **extra: Any,
+) -> bytes:
+    """A two-component pack whose payload changes with ``version``: a push contract that
+    requires the pack's ``erp`` callout profile."""
+    return pack_json(
+        name,
+        category,
+        [
+            component(
+                "push_contract",
+                "Order.push",
+                push_payload if push_payload is not None else {"v": version},
+                requires=[{"kind": "callout_profile", "key": "erp"}],
+            ),
+            component(
+                "callout_profile",
+                "erp",
+                profile_payload if profile_payload is not None else {"url": "https://erp.example"},
+                credential_sets=list(credential_sets),
+            ),
+        ],
+        **extra,
+    )
+
+
+def sales_doc(
+    version: int = 1, name: str = "sales", *, stamp_all: bool = False, ping: bool = False
+) -> dict[str, Any]:
+    """The sales pack of DESIGN "Inputs": a push contract requiring a callout profile and
+    an outbound mapping. ``stamp_all`` puts the version in every payload, ``ping`` adds
+    a push contract with no requirements."""
+    stamp = {"v": version} if stamp_all else {}
+    components = [
+        component(
+            "push_contract",
+            "Order.push",
+            {"topic": "orders", "v": version},
+            requires=[
+                {"kind": "callout_profile", "key": "erp"},
+                {"kind": "outbound_mapping", "key": "Order.out"},
+            ],
+        ),
+        component(
+            "callout_profile",
+            "erp",
+            {"url": "https://erp.example", **stamp},
+            credential_sets=["erp-prod", "erp-test"],
+        ),
+        component("outbound_mapping", "Order.out", {"fields": ["id", "total"], **stamp}),
+    ]
+    if ping:
+        components.append(component("push_contract", "Ping.push", {"v": version}))
+    return {"name": name, "category": "app", "components": components}
+
+
+def sales(version: int = 1, *, reverse: bool = False, **options: Any) -> bytes:
+    """``sales_doc`` as pack.json bytes (components reversed: same content, other order)."""
+    document = sales_doc(version, **options)
+    if reverse:
+        document["components"] = document["components"][::-1]
+    return pack_json(**document)
+
+
+def sales_closure(audience: str, cred: str = "erp-prod") -> list[dict[str, Any]]:
+    """Bindings of the sales push contract's complete closure for one audience."""
+    out: list[dict[str, Any]] = [
+        {"kind": "push_contract", "key": "Order.push", "credential_set": cred},
+        {"kind": "callout_profile", "key": "erp", "credential_set": cred},
+        {"kind": "outbound_mapping", "key": "Order.out"},
+    ]
+    return [{"audience": audience, "pack": "sales", **b} for b in out]
+
+
 class Repo:
     """A git repository that commits whole file sets and returns full commit ids."""
 

@@ -14,30 +14,12 @@ from ledger.db import Database, open_database
 from ledger.runtime import Ledger
 from ledger.sources import ResolvedPack, resolve_packs
 from ledger.store import init_store
-from tests.gitrepo import Repo, component, manifest, official, pack_json
+from tests.gitrepo import Repo, manifest, official, push_pack
 
 
 def content(name: str, version: int, category: str = "app", **extra: Any) -> bytes:
     """Pack content whose payload changes with ``version``."""
-    return pack_json(
-        name,
-        category,
-        [
-            component(
-                "push_contract",
-                "Order.push",
-                {"v": version},
-                requires=[{"kind": "callout_profile", "key": "erp"}],
-            ),
-            component(
-                "callout_profile",
-                "erp",
-                {"url": "https://erp.example"},
-                credential_sets=["erp-prod", "erp-test"],
-            ),
-        ],
-        **extra,
-    )
+    return push_pack(name, version, category, **extra)
 
 
 class World:

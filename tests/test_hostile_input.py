@@ -79,7 +79,7 @@ from domain.identity import (
 from ledger.checkpoint import Checkpoint, SignerKey, VerifierKey
 from ledger.cli import run as cli_run
 from projections.reader import parse_revision
-from tests.gitrepo import component, local, official, pack_json
+from tests.gitrepo import local, official, pack_json, sales_closure, sales_doc
 from tests.lifecycle_support import World
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -787,54 +787,8 @@ def check_typed(outcome: Outcome) -> str:
 # == a store with a published release to attack =============================================
 
 
-def sales_doc(version: int = 1, name: str = "sales") -> dict[str, Any]:
-    """The sales pack of DESIGN "Inputs" (its name may be any string, even a hostile one)."""
-    return {
-        "name": name,
-        "category": "app",
-        "components": [
-            component(
-                "push_contract",
-                "Order.push",
-                {"topic": "orders", "v": version},
-                requires=[
-                    {"kind": "callout_profile", "key": "erp"},
-                    {"kind": "outbound_mapping", "key": "Order.out"},
-                ],
-            ),
-            component(
-                "callout_profile",
-                "erp",
-                {"url": "https://erp.example"},
-                credential_sets=["erp-prod", "erp-test"],
-            ),
-            component("outbound_mapping", "Order.out", {"fields": ["id", "total"]}),
-        ],
-    }
-
-
 def sales_content(version: int = 1, name: str = "sales") -> bytes:
     return pack_json(**sales_doc(version, name))
-
-
-def closure(audience: str, cred: str = "erp-prod") -> list[dict[str, Any]]:
-    return [
-        {
-            "audience": audience,
-            "pack": "sales",
-            "kind": "push_contract",
-            "key": "Order.push",
-            "credential_set": cred,
-        },
-        {
-            "audience": audience,
-            "pack": "sales",
-            "kind": "callout_profile",
-            "key": "erp",
-            "credential_set": cred,
-        },
-        {"audience": audience, "pack": "sales", "kind": "outbound_mapping", "key": "Order.out"},
-    ]
 
 
 #: The valid pack document hostile ``pack.json`` files are derived from.
@@ -893,7 +847,7 @@ class Stage:
                 official("sales", self.world.repo.path, self.commit, "sales/pack.json"),
                 local("devsample", self.devsample),
             ],
-            "bindings": closure("integration:erp-sync"),
+            "bindings": sales_closure("integration:erp-sync"),
         }
 
     def attempt(self, *args: str, as_json: bool = True) -> tuple[str, Outcome]:

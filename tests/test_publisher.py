@@ -15,32 +15,11 @@ import sqlalchemy as sa
 from domain.errors import Conflict, LifecycleRejected
 from domain.lifecycle import Advance
 from ledger.commands import StagedPublication
-from tests.gitrepo import component, pack_json
+from tests.gitrepo import component, pack_json, sales
+from tests.gitrepo import sales_closure as full
 from tests.lifecycle_support import World
 
 CLI = str(Path(sys.executable).with_name("catalog-ledger"))
-
-
-def sales(version: int = 1, *, reverse: bool = False) -> bytes:
-    components = [
-        component(
-            "push_contract",
-            "Order.push",
-            {"topic": "orders", "v": version},
-            requires=[
-                {"kind": "callout_profile", "key": "erp"},
-                {"kind": "outbound_mapping", "key": "Order.out"},
-            ],
-        ),
-        component(
-            "callout_profile",
-            "erp",
-            {"url": "https://erp.example"},
-            credential_sets=["erp-prod", "erp-test"],
-        ),
-        component("outbound_mapping", "Order.out", {"fields": ["id", "total"]}),
-    ]
-    return pack_json("sales", "app", components[::-1] if reverse else components)
 
 
 def bind(
@@ -50,15 +29,6 @@ def bind(
     if credential_set is not None:
         out["credential_set"] = credential_set
     return out
-
-
-def full(audience: str, cred: str = "erp-prod") -> list[dict[str, Any]]:
-    """A complete, valid closure of the push contract for one audience."""
-    return [
-        bind(audience, "Order.push", "push_contract", credential_set=cred),
-        bind(audience, "erp", "callout_profile", credential_set=cred),
-        bind(audience, "Order.out", "outbound_mapping"),
-    ]
 
 
 @pytest.fixture
@@ -143,7 +113,7 @@ def test_r16_one_invalid_audience_among_1000_valid_appends_nothing(world: World)
 
 
 def test_r17_unchanged_content_publishes_once_and_digest_ignores_history(
-    world: World, tmp_path: Path, engine_url: str
+    world: World, tmp_path: Path, sibling_url: str
 ) -> None:
     commit = world.release({"sales/pack.json": sales()})
     first = release(world, commit, full("integration:a") + full("app:x", "erp-test"))
@@ -154,7 +124,7 @@ def test_r17_unchanged_content_publishes_once_and_digest_ignores_history(
     assert release(world, commit, full("integration:a") + full("app:x", "erp-test"))["noop"]
 
     # Another store reaches the same content through grants, revokes and re-grants.
-    other = World(tmp_path / "other", _sibling_url(engine_url, tmp_path))
+    other = World(tmp_path / "other", sibling_url)
     try:
         c2 = other.release({"sales/pack.json": sales()})
         assert c2 == commit  # same deterministic repository
@@ -165,22 +135,6 @@ def test_r17_unchanged_content_publishes_once_and_digest_ignores_history(
         assert final["catalog"]["content_digest"] == digest
     finally:
         other.close()
-
-
-def _sibling_url(engine_url: str, tmp_path: Path) -> str:
-    if engine_url.startswith("sqlite"):
-        return f"sqlite:///{tmp_path / 'other.db'}"
-    import secrets
-
-    from sqlalchemy.engine import make_url
-
-    from tests.conftest import Server
-
-    name = "cl_" + secrets.token_hex(6)
-    server = Server(engine_url)
-    with server.connect() as conn, conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    return make_url(engine_url).set(database=name).render_as_string(hide_password=False)
 
 
 def test_r17_any_payload_binding_or_activation_change_changes_the_digest(world: World) -> None:
@@ -208,11 +162,11 @@ def test_r17_any_payload_binding_or_activation_change_changes_the_digest(world: 
 
 
 def test_r17_component_order_in_pack_json_does_not_change_the_digest(
-    world: World, tmp_path: Path, engine_url: str
+    world: World, tmp_path: Path, sibling_url: str
 ) -> None:
     commit = world.release({"sales/pack.json": sales()})
     digest = release(world, commit, full("integration:a"))["catalog"]["content_digest"]
-    other = World(tmp_path / "other", _sibling_url(engine_url, tmp_path))
+    other = World(tmp_path / "other", sibling_url)
     try:
         reordered = other.release({"sales/pack.json": sales(reverse=True)})
         assert reordered != commit  # different bytes in git ...

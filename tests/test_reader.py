@@ -25,7 +25,8 @@ from domain.errors import IntegrityFailure, InvalidInput, LedgerError, Missing, 
 from domain.identity import Audience
 from projections.reader import MISSING_MESSAGE, CatalogReader, parse_audience, parse_revision
 from tests.cli_support import run_cli
-from tests.gitrepo import component, pack_json
+from tests.gitrepo import component, pack_json, sales_closure
+from tests.gitrepo import sales as sales_pack
 from tests.lifecycle_support import World
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,49 +34,11 @@ CLI = str(Path(sys.executable).with_name("catalog-ledger"))
 
 
 def sales(version: int) -> bytes:
-    return pack_json(
-        "sales",
-        "app",
-        [
-            component(
-                "push_contract",
-                "Order.push",
-                {"topic": "orders", "v": version},
-                requires=[
-                    {"kind": "callout_profile", "key": "erp"},
-                    {"kind": "outbound_mapping", "key": "Order.out"},
-                ],
-            ),
-            component(
-                "callout_profile",
-                "erp",
-                {"url": "https://erp.example", "v": version},
-                credential_sets=["erp-prod", "erp-test"],
-            ),
-            component("outbound_mapping", "Order.out", {"fields": ["id"], "v": version}),
-            component("push_contract", "Ping.push", {"v": version}),
-        ],
-    )
+    """Every payload carries the version; a requirement-free push contract rides along."""
+    return sales_pack(version, stamp_all=True, ping=True)
 
 
-def closure(audience: str, cred: str = "erp-prod") -> list[dict[str, Any]]:
-    return [
-        {
-            "audience": audience,
-            "pack": "sales",
-            "kind": "push_contract",
-            "key": "Order.push",
-            "credential_set": cred,
-        },
-        {
-            "audience": audience,
-            "pack": "sales",
-            "kind": "callout_profile",
-            "key": "erp",
-            "credential_set": cred,
-        },
-        {"audience": audience, "pack": "sales", "kind": "outbound_mapping", "key": "Order.out"},
-    ]
+closure = sales_closure
 
 
 @pytest.fixture
