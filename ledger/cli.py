@@ -288,6 +288,14 @@ def _service(**kwargs: Any) -> CommandService:
     help="Seconds to wait for the writer lease held by another process.",
 )
 @click.option(
+    "--lease-ttl",
+    type=click.FloatRange(min=0.1),
+    default=300.0,
+    show_default=True,
+    help="Seconds the writer lease lasts: if this process dies holding it, the next "
+    "writer waits this long before recovering its work (R12).",
+)
+@click.option(
     "--publish/--no-publish",
     default=True,
     show_default=True,
@@ -295,10 +303,16 @@ def _service(**kwargs: Any) -> CommandService:
 )
 @json_option
 def apply(
-    manifest: Path, command_id: str | None, wait: float, publish: bool, as_json: bool
+    manifest: Path,
+    command_id: str | None,
+    wait: float,
+    lease_ttl: float,
+    publish: bool,
+    as_json: bool,
 ) -> None:
     """Converge the store to a release manifest (packs, then bindings and publication)."""
-    result = _service(lease_wait=wait).apply(manifest, command_id=command_id, publish=publish)
+    service = _service(lease_wait=wait, lease_ttl=lease_ttl)
+    result = service.apply(manifest, command_id=command_id, publish=publish)
 
     def human() -> None:
         state = (

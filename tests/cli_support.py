@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+import httpx
 
 SCRIPT = Path(sys.executable).with_name("catalog-ledger")
 
@@ -43,3 +48,46 @@ def run_cli(
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stdout, proc.stdout
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServedStore:
+    """``catalog-ledger serve`` in a child process on loopback, with an HTTP client."""
+
+    def __init__(self, url: str, *, timeout: float = 30) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [str(SCRIPT), "--db", url, "serve", "--port", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self.client = httpx.Client(base_url=self.base, timeout=timeout)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                self.client.get("/healthz")
+                return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        self.close()
+        raise AssertionError("server did not start")
+
+    def view(self, audience: str, **params: Any) -> httpx.Response:
+        kind, _, ident = audience.partition(":")
+        return self.client.get(
+            f"/v1/audiences/{quote(kind, safe='')}/{quote(ident, safe='')}/view", params=params
+        )
+
+    def close(self) -> None:
+        """Stop the server; it must not have printed a traceback."""
+        self.client.close()
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=30)
+        assert b"Traceback" not in err, err.decode(errors="replace")

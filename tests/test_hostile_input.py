@@ -40,11 +40,8 @@ import json
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 import textwrap
-import time
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -79,6 +76,7 @@ from domain.identity import (
 from ledger.checkpoint import Checkpoint, SignerKey, VerifierKey
 from ledger.cli import run as cli_run
 from projections.reader import parse_revision
+from tests.cli_support import ServedStore
 from tests.gitrepo import local, official, pack_json, sales_closure, sales_doc
 from tests.lifecycle_support import World
 
@@ -1594,43 +1592,9 @@ def test_r22_hostile_proof_documents_verify_or_reject(
 # == R19: the HTTP read service =============================================================
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    """``catalog-ledger serve`` in a child process on loopback."""
-
-    def __init__(self, url: str) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [CLI, "--db", url, "serve", "--port", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        self.client = httpx.Client(base_url=self.base, timeout=HANG_LIMIT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                self.client.get("/healthz")
-                return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise AssertionError("server did not start")
-
-    def close(self) -> None:
-        self.client.close()
-        self.proc.terminate()
-        _, err = self.proc.communicate(timeout=30)
-        assert b"Traceback" not in err, err.decode(errors="replace")
-
-
 @pytest.fixture
-def served(stage: Stage) -> Iterator[tuple[Stage, Server]]:
-    server = Server(stage.url)
+def served(stage: Stage) -> Iterator[tuple[Stage, ServedStore]]:
+    server = ServedStore(stage.url, timeout=HANG_LIMIT)
     yield stage, server
     server.close()
 
@@ -1687,7 +1651,7 @@ def schemathesis_cases() -> st.SearchStrategy[Any]:
     )
 
 
-def check_schemathesis_case(server: Server, case: Any) -> str:
+def check_schemathesis_case(server: ServedStore, case: Any) -> str:
     from schemathesis.specs.openapi.checks import (
         content_type_conformance,
         response_schema_conformance,
@@ -1708,7 +1672,7 @@ def check_schemathesis_case(server: Server, case: Any) -> str:
 @hostile_settings(40)
 @given(case=schemathesis_cases())
 def test_r19_http_schemathesis_cases_get_documented_typed_answers(
-    served: tuple[Stage, Server], case: Any, tally: Counter[str]
+    served: tuple[Stage, ServedStore], case: Any, tally: Counter[str]
 ) -> None:
     _, server = served
     tally[f"{case.operation.label} -> {check_schemathesis_case(server, case)}"] += 1
@@ -1803,7 +1767,11 @@ def _query_string(pairs: list[tuple[str, str]]) -> str:
 
 
 def check_raw_request(
-    server: Server, method: str, path: str, query: list[tuple[str, str]], headers: dict[str, str]
+    server: ServedStore,
+    method: str,
+    path: str,
+    query: list[tuple[str, str]],
+    headers: dict[str, str],
 ) -> str:
     raw = path + ("?" + _query_string(query) if query else "")
     url = httpx.URL(server.base).copy_with(raw_path=raw.encode("ascii"))
@@ -1828,7 +1796,7 @@ def check_raw_request(
     request=Tagged("GET view", ("GET", "/v1/audiences/app/crm/view", [("min_revision", "²")], {}))
 )
 def test_r19_http_raw_hostile_requests_get_typed_answers(
-    served: tuple[Stage, Server],
+    served: tuple[Stage, ServedStore],
     request: Tagged[tuple[str, str, list[tuple[str, str]], dict[str, str]]],
     tally: Counter[str],
 ) -> None:
@@ -1837,7 +1805,7 @@ def test_r19_http_raw_hostile_requests_get_typed_answers(
     tally[f"{request.kind} -> {check_raw_request(server, method, path, query, headers)}"] += 1
 
 
-def test_r19_http_success_paths_are_exercised(served: tuple[Stage, Server]) -> None:
+def test_r19_http_success_paths_are_exercised(served: tuple[Stage, ServedStore]) -> None:
     """The seeded catalog answers, so the hostile requests above also reach success paths."""
     _, server = served
     ok = server.client.get("/v1/audiences/integration/erp-sync/view")

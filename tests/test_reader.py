@@ -4,18 +4,13 @@ through the Python reader, the CLI and HTTP against a started server on loopback
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
 import threading
-import time
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-import httpx
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
@@ -24,7 +19,7 @@ from hypothesis import strategies as st
 from domain.errors import IntegrityFailure, InvalidInput, LedgerError, Missing, Stale
 from domain.identity import Audience
 from projections.reader import MISSING_MESSAGE, CatalogReader, parse_audience, parse_revision
-from tests.cli_support import run_cli
+from tests.cli_support import ServedStore, run_cli
 from tests.gitrepo import component, pack_json, sales_closure
 from tests.gitrepo import sales as sales_pack
 from tests.lifecycle_support import World
@@ -48,48 +43,8 @@ def world(engine_url: str, tmp_path: Path) -> Iterator[World]:
     w.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    """`catalog-ledger serve` in a child process on loopback."""
-
-    def __init__(self, url: str) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [CLI, "--db", url, "serve", "--port", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        self.client = httpx.Client(base_url=self.base, timeout=30)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                self.client.get("/healthz")
-                return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise AssertionError("server did not start")
-
-    def view(self, audience: str, **params: Any) -> httpx.Response:
-        kind, _, ident = audience.partition(":")
-        return self.client.get(
-            f"/v1/audiences/{quote(kind, safe='')}/{quote(ident, safe='')}/view", params=params
-        )
-
-    def close(self) -> None:
-        self.client.close()
-        self.proc.terminate()
-        _, err = self.proc.communicate(timeout=30)
-        assert b"Traceback" not in err, err.decode()
-
-
 @pytest.fixture
-def published(world: World) -> Iterator[tuple[World, Server]]:
+def published(world: World) -> Iterator[tuple[World, ServedStore]]:
     c1 = world.release({"sales/pack.json": sales(1)})
     world.service.apply(
         world.manifest(
@@ -106,7 +61,7 @@ def published(world: World) -> Iterator[tuple[World, Server]]:
             closure("integration:erp-sync") + closure("app:crm", "erp-test"),
         )
     )
-    server = Server(world.url)
+    server = ServedStore(world.url)
     yield world, server
     server.close()
 
@@ -132,7 +87,7 @@ def _cli(world: World, audience: str, min_revision: Any = None) -> dict[str, Any
     return {"status": codes.get(out.code, out.code), "body": body}
 
 
-def _http(server: Server, audience: str, min_revision: Any = None) -> dict[str, Any]:
+def _http(server: ServedStore, audience: str, min_revision: Any = None) -> dict[str, Any]:
     params = {} if min_revision is None else {"min_revision": min_revision}
     response = server.view(audience, **params)
     codes = {200: "OK", 400: "INVALID", 404: "MISSING", 409: "STALE", 500: "INTEGRITY"}
@@ -153,7 +108,7 @@ CASES = [
 
 
 def test_r19_every_outcome_through_python_cli_and_http(
-    published: tuple[World, Server],
+    published: tuple[World, ServedStore],
 ) -> None:
     world, server = published
     for audience, min_revision, expected in CASES:
@@ -191,7 +146,9 @@ def test_r19_every_outcome_through_python_cli_and_http(
     }
 
 
-def test_r19_etag_is_the_content_digest_and_304_on_match(published: tuple[World, Server]) -> None:
+def test_r19_etag_is_the_content_digest_and_304_on_match(
+    published: tuple[World, ServedStore],
+) -> None:
     _, server = published
     first = server.view("integration:erp-sync")
     etag = first.headers["etag"]
@@ -205,7 +162,7 @@ def test_r19_etag_is_the_content_digest_and_304_on_match(published: tuple[World,
 
 
 def test_r19_tampered_snapshot_rows_give_integrity_not_data(
-    published: tuple[World, Server],
+    published: tuple[World, ServedStore],
 ) -> None:
     world, server = published
     with world.db.write() as conn:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from domain.identity import Identity, SourceRevision
 from tests import test_hostile_input as h
+from tests.cli_support import ServedStore
 
 EXAMPLES = int(os.environ.get("CATALOG_LEDGER_HOSTILE_EXAMPLES", "300"))
 PURE = EXAMPLES * 10
@@ -184,7 +185,7 @@ def test_r22_hostile_proof_documents_verify_or_reject(
 @h.hostile_settings(EXAMPLES * 2)
 @given(case=h.schemathesis_cases())
 def test_r19_http_schemathesis_cases_get_documented_typed_answers(
-    served: tuple[h.Stage, h.Server], case: Any, tally: Counter[str]
+    served: tuple[h.Stage, ServedStore], case: Any, tally: Counter[str]
 ) -> None:
     _, server = served
     tally[f"{case.operation.label} -> {h.check_schemathesis_case(server, case)}"] += 1
@@ -194,7 +195,7 @@ def test_r19_http_schemathesis_cases_get_documented_typed_answers(
 @h.hostile_settings(EXAMPLES * 2)
 @given(request=h.raw_requests())
 def test_r19_http_raw_hostile_requests_get_typed_answers(
-    served: tuple[h.Stage, h.Server],
+    served: tuple[h.Stage, ServedStore],
     request: h.Tagged[tuple[str, str, list[tuple[str, str]], dict[str, str]]],
     tally: Counter[str],
 ) -> None:
