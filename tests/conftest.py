@@ -21,6 +21,7 @@ from typing import Any
 
 import pymysql
 import pytest
+from hypothesis import settings
 from sqlalchemy.engine import make_url
 
 from bench.common import DEFAULT_MYSQL, mysql_connect, mysql_scratch
@@ -28,6 +29,20 @@ from ledger.db import Database, open_database
 from ledger.store import init_store
 
 MYSQL_ENV = "CATALOG_LEDGER_TEST_MYSQL"
+
+#: The default run is a regression gate: its property tests draw the same examples
+#: every time (derandomized), so a red run is reproducible and main never goes red
+#: by luck. The campaigns (``-m campaign``) explore: fresh random examples each run.
+settings.register_profile("gate", derandomize=True, database=None)
+settings.register_profile("explore")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    explicit = os.environ.get("HYPOTHESIS_PROFILE")
+    exploring = "campaign" in (config.option.markexpr or "").replace("not campaign", "")
+    settings.load_profile(explicit or ("explore" if exploring else "gate"))
+
+
 ENGINES = ["sqlite", "mariadb"]
 
 
