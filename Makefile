@@ -27,7 +27,7 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 campaign: $(STAMP)
-	$(BIN)/python -m pytest -q -m campaign tests
+	$(BIN)/python -m pytest -q -s -m campaign tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache demo-work
