@@ -287,6 +287,9 @@ def translate(exc: BaseException) -> LedgerError:
     if isinstance(root, pymysql.err.MySQLError):
         number = root.args[0] if root.args and isinstance(root.args[0], int) else None
         text = str(root.args[1]) if len(root.args) > 1 else str(root)
+        if not text.strip():
+            # PyMySQL reports a connection closed under it as InterfaceError(0, '').
+            text = f"the connection was closed ({type(root).__name__} {number})"
         if number in _MYSQL_CONFLICTS:
             return Conflict(f"a concurrent write won: {text}", driver_error=text, errno=number)
         if number == 1146:

@@ -293,6 +293,7 @@ def test_r10_publish_retry_after_lost_commit_is_classified(
     finally:
         service.ledger.close()
     assert lost.value.code == "UNAVAILABLE" and lost.value.exit_code == 1
+    assert not lost.value.message.rstrip().endswith(":"), "the error must say what happened"
     assert proxy.wait_fired()
     prior = recorded_result(world.ledger, cid)
     assert (prior is not None) is expected_outcome(mode)
@@ -346,6 +347,7 @@ def test_r11_drop_inside_the_recording_append_commits_nothing(
     finally:
         service.ledger.close()
     assert lost.value.code == "UNAVAILABLE"
+    assert not lost.value.message.rstrip().endswith(":"), "the error must say what happened"
     assert proxy.wait_fired()
     (drop,) = proxy.fired
     assert drop.packet is not None and drop.packet.sql is not None
