@@ -15,9 +15,9 @@ import gc
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
@@ -47,6 +47,23 @@ class _AnyText(PathConvertor):
 
 
 register_url_convertor("anytext", _AnyText())
+
+# The view's parameters as the OpenAPI document describes them (R1, R19). Validation
+# stays in ``parse_audience`` / ``parse_revision``, so every rejection is INVALID naming
+# the part; these schemas only tell clients (and schemathesis) what is accepted.
+_KIND_DOC = "Audience kind."
+_KIND_SCHEMA: dict[str, Any] = {"enum": ["app", "integration"]}
+_ID_DOC = (
+    "Audience id (R1): exact UTF-8, at most 255 bytes, no control characters, "
+    "no leading or trailing whitespace; case and normalization are significant."
+)
+_ID_SCHEMA: dict[str, Any] = {
+    "minLength": 1,
+    "maxLength": 255,
+    "pattern": r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$",
+}
+_REVISION_DOC = "Serve only a catalog revision at least this high (else 409 STALE)."
+_REVISION_SCHEMA: dict[str, Any] = {"pattern": "^[0-9]{1,18}$"}
 
 _STATUS: list[tuple[type[LedgerError], int]] = [
     (Missing, 404),
@@ -204,7 +221,12 @@ def create_app(
         responses={304: {"description": "Not modified (ETag matches)"}, **_ERRORS},
     )
     def view(
-        kind: str, audience_id: str, request: Request, min_revision: str | None = None
+        kind: Annotated[str, Path(description=_KIND_DOC, json_schema_extra=_KIND_SCHEMA)],
+        audience_id: Annotated[str, Path(description=_ID_DOC, json_schema_extra=_ID_SCHEMA)],
+        request: Request,
+        min_revision: Annotated[
+            str | None, Query(description=_REVISION_DOC, json_schema_extra=_REVISION_SCHEMA)
+        ] = None,
     ) -> Response:
         """The audience's facts at the active catalog revision, verified."""
         audience = parse_audience(kind, audience_id)
