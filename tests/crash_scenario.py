@@ -28,7 +28,7 @@ from ledger.runtime import Ledger
 from ledger.sources import resolve_manifest
 from ledger.store import init_store
 from projections.reader import CatalogReader
-from tests.gitrepo import Repo, local, manifest, official, push_pack
+from tests.gitrepo import Repo, local, manifest, official, push_closure, push_pack
 
 AUDIENCES = ["integration:erp-sync", "app:crm", "integration:audit"]
 
@@ -42,23 +42,7 @@ def _content(name: str, version: int) -> bytes:
     )
 
 
-def _closure(audience: str, pack: str, cred: str = "erp-prod") -> list[dict[str, Any]]:
-    return [
-        {
-            "audience": audience,
-            "pack": pack,
-            "kind": "push_contract",
-            "key": "Order.push",
-            "credential_set": cred,
-        },
-        {
-            "audience": audience,
-            "pack": pack,
-            "kind": "callout_profile",
-            "key": "erp",
-            "credential_set": cred,
-        },
-    ]
+_closure = push_closure
 
 
 def build(workdir: Path) -> dict[str, Path]:

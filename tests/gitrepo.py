@@ -87,6 +87,14 @@ def push_pack(
     )
 
 
+def push_closure(audience: str, pack: str, cred: str = "erp-prod") -> list[dict[str, Any]]:
+    """Bindings of a ``push_pack``'s complete closure (push contract + profile)."""
+    return [
+        {"audience": audience, "pack": pack, "kind": kind, "key": key, "credential_set": cred}
+        for kind, key in (("push_contract", "Order.push"), ("callout_profile", "erp"))
+    ]
+
+
 def sales_doc(
     version: int = 1, name: str = "sales", *, stamp_all: bool = False, ping: bool = False
 ) -> dict[str, Any]:

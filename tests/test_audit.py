@@ -19,7 +19,7 @@ from ledger.audit import MerkleLog, checkpoint, verify_log
 from ledger.checkpoint import SignerKey
 from ledger.db import Database
 from tests.cli_support import run_cli
-from tests.gitrepo import git
+from tests.gitrepo import git, push_closure
 from tests.history import bulk_history
 from tests.lifecycle_support import World
 
@@ -38,22 +38,7 @@ def _history(world: World) -> None:
     """A few thousand events: bulk lifecycle history plus a release with a catalog."""
     bulk_history(world.ledger, packs=150, rounds=4, components=1, fail_every=9)
     commit = world.commit("sales", 1)
-    bindings = [
-        {
-            "audience": "integration:a",
-            "pack": "sales",
-            "kind": "push_contract",
-            "key": "Order.push",
-            "credential_set": "erp-prod",
-        },
-        {
-            "audience": "integration:a",
-            "pack": "sales",
-            "kind": "callout_profile",
-            "key": "erp",
-            "credential_set": "erp-prod",
-        },
-    ]
+    bindings = push_closure("integration:a", "sales")
     world.service.apply(world.manifest([world.official("sales", commit)], bindings))
     world.service.apply(
         world.manifest([world.official("sales", world.commit("sales", 2))], bindings)
@@ -344,22 +329,7 @@ def test_r22_checkpoint_and_proof_cli_round_trip_offline(world: World, tmp_path:
 
 
 def test_r20_history_view_at_revision_and_export_from_the_log(world: World, tmp_path: Path) -> None:
-    bindings = [
-        {
-            "audience": "integration:a",
-            "pack": "sales",
-            "kind": "push_contract",
-            "key": "Order.push",
-            "credential_set": "erp-prod",
-        },
-        {
-            "audience": "integration:a",
-            "pack": "sales",
-            "kind": "callout_profile",
-            "key": "erp",
-            "credential_set": "erp-prod",
-        },
-    ]
+    bindings = push_closure("integration:a", "sales")
     c1, c2 = world.commit("sales", 1), world.commit("sales", 2)
     first = world.service.apply(world.manifest([world.official("sales", c1)], bindings))
     world.service.apply(world.manifest([world.official("sales", c2)], bindings))

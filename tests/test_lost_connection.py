@@ -34,40 +34,14 @@ from ledger.db import open_database
 from ledger.publishing import read_snapshot
 from ledger.runtime import Ledger
 from tests.cli_support import run_cli
+from tests.gitrepo import push_closure
 from tests.lifecycle_support import World, content
 from tests.tcp_proxy import DropMode, MySQLProxy
 
 PACKS = ("sales", "crm")
-BINDINGS = [
-    {
-        "audience": "integration:erp-sync",
-        "pack": "sales",
-        "kind": "push_contract",
-        "key": "Order.push",
-        "credential_set": "erp-prod",
-    },
-    {
-        "audience": "integration:erp-sync",
-        "pack": "sales",
-        "kind": "callout_profile",
-        "key": "erp",
-        "credential_set": "erp-prod",
-    },
-    {
-        "audience": "app:portal",
-        "pack": "crm",
-        "kind": "push_contract",
-        "key": "Order.push",
-        "credential_set": "erp-test",
-    },
-    {
-        "audience": "app:portal",
-        "pack": "crm",
-        "kind": "callout_profile",
-        "key": "erp",
-        "credential_set": "erp-test",
-    },
-]
+BINDINGS = push_closure("integration:erp-sync", "sales") + push_closure(
+    "app:portal", "crm", "erp-test"
+)
 
 
 def hex_marker(text: str) -> bytes:
