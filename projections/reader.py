@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any, Protocol
 
 import orjson
@@ -182,20 +183,15 @@ class CatalogReader:
                 served_revision=int(revision),
             )
         # Bytewise (pack, kind, key, credential set): the publisher's digest order (R3).
-        grants = tuple(
-            sorted(
-                (
-                    tuple(bytes(v) if isinstance(v, memoryview) else v for v in row[4:])
-                    for row in rows
-                    if row[4] is not None
-                ),
-                key=lambda g: (g[0], g[1], g[2], g[3]),
-            )
-        )
+        # Both drivers return BLOBs as bytes, so the row slices are the cache key as is.
+        grants = tuple(sorted([row[4:] for row in rows if row[4] is not None], key=_GRANT_ORDER))
         if not grants or recorded is None:
             raise _missing()
         pair = (audience.kind.value, audience.id)
         return _verified(pair, int(revision), bytes(content), bytes(recorded), grants)
+
+
+_GRANT_ORDER = itemgetter(0, 1, 2, 3)
 
 
 @lru_cache(maxsize=1 << 16)
