@@ -27,7 +27,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -60,8 +61,13 @@ def report(label: str, samples: list[float], elapsed: float) -> float:
     return p99
 
 
-def raw_select(db: Database) -> Callable[[str, str], Any]:
-    """The same rows the reader returns, in one indexed statement (no checks)."""
+@contextmanager
+def raw_select(db: Database) -> Iterator[Callable[[str, str], Any]]:
+    """The same rows the reader returns, in one indexed statement (no checks).
+
+    Autocommit, as the reader's statements run: a DBAPI connection left inside a
+    transaction would hold metadata locks, and the scratch database's DROP would wait
+    for them forever. The connection is closed on leaving the block."""
     with db.read() as conn:
         states = load_states(conn)
     grant_v, comp_v = states["catalog"].live_version, states["pack_component"].live_version
@@ -76,6 +82,8 @@ def raw_select(db: Database) -> Callable[[str, str], Any]:
         f"AND g.to_revision = {2**62}"
     )
     raw = db.engine.raw_connection()
+    if not db.is_sqlite:  # sqlite3 opens no transaction for a SELECT
+        raw.dbapi_connection.autocommit(True)  # type: ignore[union-attr]
 
     def run(kind: str, ident: str) -> Any:
         cursor = raw.cursor()
@@ -84,7 +92,10 @@ def raw_select(db: Database) -> Callable[[str, str], Any]:
         cursor.close()
         return rows
 
-    return run
+    try:
+        yield run
+    finally:
+        raw.close()
 
 
 def timed(fn: Callable[[], Any], count: int) -> tuple[list[float], float]:
@@ -142,14 +153,16 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> Non
         f"\n{label}: {sizes['audiences']} audiences, {sizes['bindings']} bindings, "
         f"{sizes['packs']} packs"
     )
-    raw = raw_select(db)
     reader = CatalogReader(db)
     tune_gc_for_serving()  # as `catalog-ledger serve` does, for both peers alike
-    for _ in range(200):  # warm caches and pools for both
-        a = rng.choice(audiences)
-        raw("integration", a)
-        reader.view(Audience.of("integration", a))
-    raw_samples, raw_elapsed = timed(lambda: raw("integration", rng.choice(audiences)), args.reads)
+    with raw_select(db) as raw:
+        for _ in range(200):  # warm caches and pools for both
+            a = rng.choice(audiences)
+            raw("integration", a)
+            reader.view(Audience.of("integration", a))
+        raw_samples, raw_elapsed = timed(
+            lambda: raw("integration", rng.choice(audiences)), args.reads
+        )
     raw_p99 = report("raw indexed SELECT (DBAPI)", raw_samples, raw_elapsed)
     view_samples, view_elapsed = timed(
         lambda: reader.view(Audience.of("integration", rng.choice(audiences))), args.reads
