@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 from bench.common import DEFAULT_MYSQL, mysql_connect, mysql_scratch
 from ledger.db import Database, open_database
 from ledger.store import init_store
+from tests.lifecycle_support import World
 
 MYSQL_ENV = "CATALOG_LEDGER_TEST_MYSQL"
 
@@ -137,3 +138,11 @@ def db(engine_url: str) -> Iterator[Database]:
         yield database
     finally:
         database.close()
+
+
+@pytest.fixture
+def world(engine_url: str, tmp_path: Path) -> Iterator[World]:
+    """A store on each real engine with a git repository and the command service."""
+    w = World(tmp_path, engine_url)
+    yield w
+    w.close()

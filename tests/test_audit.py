@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 import sqlalchemy as sa
 
 from domain.digests import ZERO_CHAIN, event_id, next_chain
@@ -25,13 +24,6 @@ from tests.lifecycle_support import World
 
 ROOT = Path(__file__).resolve().parents[1]
 EV = schema.events
-
-
-@pytest.fixture
-def world(engine_url: str, tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path, engine_url)
-    yield w
-    w.close()
 
 
 def _history(world: World) -> None:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,6 @@ from tests.cli_support import run_cli
 from tests.lifecycle_support import World, new_service
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def world(engine_url: str, tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path, engine_url)
-    yield w
-    w.close()
 
 
 def _generation_topics(world: World) -> list[str]:

@@ -3,7 +3,7 @@ and no rejected command appends anything. Real stores: SQLite file and MariaDB."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -215,13 +215,6 @@ class Matrix:
         if self.pause_lease:
             self.handle = self.w.service.acquire_lease()
             self.pause_lease = False
-
-
-@pytest.fixture
-def world(engine_url: str, tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path, engine_url)
-    yield w
-    w.close()
 
 
 @pytest.mark.parametrize("command", sorted(EXPECTED))

@@ -8,7 +8,6 @@ import sys
 import threading
 import time
 import unicodedata
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,6 @@ from tests.history import bulk_history
 from tests.lifecycle_support import World
 
 CLI = str(Path(sys.executable).with_name("catalog-ledger"))
-
-
-@pytest.fixture
-def world(engine_url: str, tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path, engine_url)
-    yield w
-    w.close()
 
 
 def live_rows(db: Database) -> dict[str, list[dict[str, Any]]]:

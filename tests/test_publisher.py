@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import unicodedata
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,6 @@ def bind(
     if credential_set is not None:
         out["credential_set"] = credential_set
     return out
-
-
-@pytest.fixture
-def world(engine_url: str, tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path, engine_url)
-    yield w
-    w.close()
 
 
 def release(

@@ -37,13 +37,6 @@ closure = sales_closure
 
 
 @pytest.fixture
-def world(engine_url: str, tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path, engine_url)
-    yield w
-    w.close()
-
-
-@pytest.fixture
 def published(world: World) -> Iterator[tuple[World, ServedStore]]:
     c1 = world.release({"sales/pack.json": sales(1)})
     world.service.apply(
