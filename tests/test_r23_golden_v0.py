@@ -1,0 +1,179 @@
+"""R23: the golden store written by 0.1.0 (log format v0) stays readable, forever.
+
+``tests/fixtures/golden_v0/store.db`` was written by catalog-ledger 0.1.0
+(commit 132e5f9) with ``build.py`` beside it; ``expected.json`` holds what
+0.1.0 answered on it. Every release must open that exact file, audit it to
+the same root and chain, rebuild identical views, serve identical view
+digests live and at each revision, and append new events onto it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli_inprocess import cli, cli_json
+from tests.gitrepo import component, manifest, pack_json
+
+GOLDEN = Path(__file__).parent / "fixtures" / "golden_v0"
+#: The fixture files themselves: any change to them fails here first.
+FIXTURE_SHA256 = {
+    "store.db": "cf48b1f56ffb0f51f435db45975bab49e328857c9ab063be3f09b72036932268",
+    "export-v0.jsonl": "cbb965e3d44327ade5598b60a85ca06b3ff7eda8f00c6990f32f577cec7fddf7",
+    "expected.json": "cdf8d6c711d222971a0da3d195849fb5a152a18f8e8dfd82020a7f6ff46a8a59",
+}
+EXPECTED: dict[str, Any] = json.loads((GOLDEN / "expected.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def golden(tmp_path: Path) -> str:
+    """A private copy of the golden store (tests never touch the fixture)."""
+    shutil.copy(GOLDEN / "store.db", tmp_path / "store.db")
+    return f"sqlite:///{tmp_path / 'store.db'}"
+
+
+def live_rows(url: str) -> dict[str, list[list[Any]]]:
+    """Every view table's rows of its newest view version, without the version column."""
+    path = url.removeprefix("sqlite:///")
+    conn = sqlite3.connect(path)
+    try:
+        out = {}
+        for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'view_%'"
+        ):
+            newest = conn.execute(f'SELECT MAX(view_version) FROM "{name}"').fetchone()[0]
+            rows = conn.execute(
+                f'SELECT * FROM "{name}" WHERE view_version = ?', (newest,)
+            ).fetchall()
+            out[name] = sorted(
+                [[v.hex() if isinstance(v, bytes) else v for v in row[1:]] for row in rows],
+                key=json.dumps,
+            )
+        return out
+    finally:
+        conn.close()
+
+
+def expected_view_rows(which: str = "tables") -> dict[str, list[list[Any]]]:
+    """0.1.0's live rows (``tables``) or what its rebuild wrote (``rebuilt_tables``)."""
+    out = {}
+    for name, rows in EXPECTED[which].items():
+        if name.startswith("view_"):
+            newest = max((row[0] for row in rows), default=None)
+            out[name] = sorted([row[1:] for row in rows if row[0] == newest], key=json.dumps)
+    return out
+
+
+def test_r23_golden_fixture_files_are_unchanged() -> None:
+    for name, sha in FIXTURE_SHA256.items():
+        assert hashlib.sha256((GOLDEN / name).read_bytes()).hexdigest() == sha, name
+
+
+def test_r23_golden_v0_audits_to_the_same_root_and_chain(golden: str) -> None:
+    code, report = cli_json("--db", golden, "audit", "verify")
+    want = EXPECTED["audit_verify"]
+    assert code == 0 and report["ok"] is True, report
+    assert (report["size"], report["root"], report["chain"]) == (
+        want["size"],
+        want["root"],
+        want["chain"],
+    )
+    checkpoint = cli("--db", golden, "audit", "checkpoint")
+    # Line 1 is the origin (the store id); size and root follow.
+    assert checkpoint.stdout.splitlines()[:3] == EXPECTED["checkpoint"].splitlines()[:3]
+
+
+def test_r23_golden_v0_serves_identical_views_live_and_at_each_revision(golden: str) -> None:
+    for audience, per in EXPECTED["views"].items():
+        assert cli_json("--db", golden, "view", audience) == (
+            per["live"]["code"],
+            per["live"]["out"],
+        ), audience
+        for revision in ("1", "2"):
+            got = cli_json("--db", golden, "view", audience, "--at-revision", revision)
+            assert got == (per[revision]["code"], per[revision]["out"]), (audience, revision)
+
+
+def test_r23_golden_v0_live_views_are_what_0_1_wrote(golden: str) -> None:
+    assert live_rows(golden) == expected_view_rows()
+
+
+def test_r23_golden_v0_rebuilds_to_identical_views(golden: str) -> None:
+    assert cli("--db", golden, "projections", "rebuild").code == 0
+    assert live_rows(golden) == expected_view_rows("rebuilt_tables")
+    code, report = cli_json("--db", golden, "projections", "verify")
+    assert code == 0 and report["ok"] is True, report
+
+
+def test_r23_golden_v0_log_status_and_history_read_identically(golden: str) -> None:
+    assert cli_json("--db", golden, "status") == (0, EXPECTED["status"])
+    assert cli_json("--db", golden, "log", "--from", "1", "--limit", "100000") == (
+        0,
+        EXPECTED["log"],
+    )
+    for pack, history in EXPECTED["history"].items():
+        assert cli_json("--db", golden, "history", "--pack", pack) == (0, history), pack
+
+
+def _records(jsonl: str) -> list[dict[str, Any]]:
+    """The event records of an export (a format header line, if any, is not an event)."""
+    lines = [json.loads(line) for line in jsonl.splitlines() if line.strip()]
+    return [line for line in lines if "position" in line]
+
+
+def test_r23_golden_v0_exports_every_stored_byte_as_0_1_did(golden: str, tmp_path: Path) -> None:
+    out = tmp_path / "export.jsonl"
+    assert cli("--db", golden, "export", "--jsonl", "--out", str(out)).code == 0
+    got = _records(out.read_text(encoding="utf-8"))
+    want = _records((GOLDEN / "export-v0.jsonl").read_text(encoding="utf-8"))
+    assert len(got) == len(want) == EXPECTED["audit_verify"]["size"]
+    for mine, theirs in zip(got, want, strict=True):
+        for field in ("position", "aggregate_id", "version", "topic", "event_id", "chain", "state"):
+            assert mine[field] == theirs[field], (mine["position"], field)
+
+
+def test_r23_new_events_append_onto_a_golden_v0_store(golden: str, tmp_path: Path) -> None:
+    """A later release appends onto the 0.1 log: the chain goes on, old rows are untouched."""
+    local = tmp_path / "devsample"
+    local.mkdir()
+    (local / "pack.json").write_bytes(
+        pack_json("devsample", "app", [component("push_contract", "Dev.push", {"dev": 2})])
+    )
+    release = manifest(
+        tmp_path / "release-3.json",
+        [{"name": "devsample", "source": {"kind": "local_path", "path": str(local)}}],
+        [
+            {
+                "audience": "integration:billing-reader",
+                "pack": "billing",
+                "kind": "push_contract",
+                "key": "Invoice.push",
+            }
+        ],
+    )
+    code, applied = cli_json("--db", golden, "apply", str(release))
+    assert code == 0, applied
+    assert applied["catalog"]["revision"] == 3 and applied["catalog"]["published"] is True
+    code, report = cli_json("--db", golden, "audit", "verify")
+    assert code == 0 and report["ok"] is True, report
+    assert report["size"] > EXPECTED["audit_verify"]["size"]
+    # The old rows are byte for byte what 0.1 wrote.
+    code, log = cli_json("--db", golden, "log", "--from", "1", "--limit", "100000")
+    size = EXPECTED["audit_verify"]["size"]
+    assert log["events"][:size] == EXPECTED["log"]["events"]
+    # Revision 2 still replays as 0.1 served it; app:crm lost its bindings at revision 3.
+    billing = EXPECTED["views"]["integration:billing-reader"]
+    assert cli_json("--db", golden, "view", "integration:billing-reader", "--at-revision", "2") == (
+        billing["2"]["code"],
+        billing["2"]["out"],
+    )
+    assert cli_json("--db", golden, "view", "app:crm")[0] == 5
+    code, view = cli_json("--db", golden, "view", "integration:billing-reader")
+    assert code == 0 and view["revision"] == 3
+    assert view["audience_digest"] == billing["live"]["out"]["audience_digest"]
