@@ -18,8 +18,6 @@ from domain.canonical import canonical_bytes
 from domain.content import hash_problem
 from domain.digests import Purpose, digest
 
-_PREFIX = "domain.lifecycle:"
-
 
 @dataclass
 class _Gen:
@@ -51,9 +49,8 @@ class LifecycleAuditor:
     def _pack(self, name: str) -> _Pack:
         return self.packs.setdefault(name, _Pack())
 
-    def feed(self, topic: str, data: dict[str, Any]) -> str | None:
-        """The problem with this event, or ``None`` when the transition is legal."""
-        name = topic.rsplit(":", 1)[-1]
+    def feed(self, name: str, data: dict[str, Any]) -> str | None:
+        """The problem with event type ``name``, or ``None`` when the transition is legal."""
         handler = getattr(self, "_" + name.replace(".", "_"), None)
         if handler is None:
             return None
@@ -65,7 +62,7 @@ class LifecycleAuditor:
 
     # -- generations ---------------------------------------------------------------------
 
-    def _Generation_Prepared(self, d: dict[str, Any]) -> str | None:
+    def _generation_prepared(self, d: dict[str, Any]) -> str | None:
         pack = self._pack(d["pack"])
         install_id, origin = d["install_id"], d["origin"]
         if install_id in pack.generations:
@@ -116,7 +113,7 @@ class LifecycleAuditor:
     def _gen(self, d: dict[str, Any]) -> _Gen | None:
         return self._pack(d["pack"]).generations.get(d["install_id"])
 
-    def _Generation_Activated(self, d: dict[str, Any]) -> str | None:
+    def _generation_activated(self, d: dict[str, Any]) -> str | None:
         gen = self._gen(d)
         if gen is None or gen.status != "preparing":
             return "activation of a generation that is not preparing (R6)"
@@ -125,14 +122,14 @@ class LifecycleAuditor:
         gen.status, gen.epoch = "active", d["epoch"]
         return None
 
-    def _Generation_Failed(self, d: dict[str, Any]) -> str | None:
+    def _generation_failed(self, d: dict[str, Any]) -> str | None:
         gen = self._gen(d)
         if gen is None or gen.status != "preparing":
             return "failure of a generation that is not preparing (R6)"
         gen.status = "failed_dirty" if d["dirty"] else "failed_clean"
         return None
 
-    def _Generation_Retired(self, d: dict[str, Any]) -> str | None:
+    def _generation_retired(self, d: dict[str, Any]) -> str | None:
         gen = self._gen(d)
         pack = self._pack(d["pack"])
         if gen is None or gen.status != "active":
@@ -144,7 +141,7 @@ class LifecycleAuditor:
 
     # -- the activation pointer ----------------------------------------------------------
 
-    def _PackActivation_Started(self, d: dict[str, Any]) -> str | None:
+    def _activation_started(self, d: dict[str, Any]) -> str | None:
         pack = self._pack(d["pack"])
         gen = pack.generations.get(d["install_id"])
         if pack.active is not None:
@@ -156,7 +153,7 @@ class LifecycleAuditor:
         pack.active, pack.epoch, pack.revision = d["install_id"], 1, d["revision"]
         return None
 
-    def _PackActivation_Advanced(self, d: dict[str, Any]) -> str | None:
+    def _activation_advanced(self, d: dict[str, Any]) -> str | None:
         pack = self._pack(d["pack"])
         gen = pack.generations.get(d["install_id"])
         if pack.active != d["from_install_id"] or pack.revision != d["from_revision"]:
@@ -170,14 +167,14 @@ class LifecycleAuditor:
 
     # -- other pack records --------------------------------------------------------------
 
-    def _LegacyRecord_Imported(self, d: dict[str, Any]) -> str | None:
+    def _legacy_imported(self, d: dict[str, Any]) -> str | None:
         pack = self._pack(d["pack"])
         if pack.generations or pack.local or pack.legacy is not None:
             return "legacy record imported for a pack that already has history"
         pack.legacy = d
         return None
 
-    def _LocalPack_Installed(self, d: dict[str, Any]) -> str | None:
+    def _local_pack_installed(self, d: dict[str, Any]) -> str | None:
         pack = self._pack(d["pack"])
         if pack.generations or pack.active is not None:
             return "a local_path record for a pack with generations (R5)"
@@ -186,19 +183,19 @@ class LifecycleAuditor:
         pack.local = True
         return None
 
-    def _LocalPack_Updated(self, d: dict[str, Any]) -> str | None:
+    def _local_pack_updated(self, d: dict[str, Any]) -> str | None:
         return None if self._pack(d["pack"]).local else "update of an unknown local pack"
 
     # -- coordination and the catalog lineage ---------------------------------------------
 
-    def _Lease_Acquired(self, d: dict[str, Any]) -> str | None:
+    def _lease_acquired(self, d: dict[str, Any]) -> str | None:
         previous = self.leases.get("writer", 0)
         if d["epoch"] != previous + 1:
             return f"lease epoch {d['epoch']} does not follow {previous} (R12)"
         self.leases["writer"] = d["epoch"]
         return None
 
-    def _Catalog_Published(self, d: dict[str, Any]) -> str | None:
+    def _catalog_published(self, d: dict[str, Any]) -> str | None:
         if d["revision"] != self.catalog_revision + 1:
             return f"revision {d['revision']} does not follow {self.catalog_revision} (R17)"
         if d["parent_digest"] != self.catalog_digest:

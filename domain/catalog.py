@@ -62,6 +62,8 @@ class AudienceBindings(Aggregate):
         kind: str
         key: str
         credential_set: str | None
+        #: Schema v2: the install id the revoked binding named (v1 rows: None).
+        install_id: str | None
 
     @staticmethod
     def create_id(audience_kind: str, audience_id: str, **_: Any) -> UUID:
@@ -110,6 +112,7 @@ class AudienceBindings(Aggregate):
         kind: str,
         key: str,
         credential_set: str | None,
+        install_id: str | None,
     ) -> None:
         pass
 
@@ -158,8 +161,18 @@ class AudienceBindings(Aggregate):
             payload_hash=payload_hash,
         )
 
-    def revoke(self, pack: str, kind: str, key: str, credential_set: str | None) -> None:
-        self._revoked(**self._who(), pack=pack, kind=kind, key=key, credential_set=credential_set)
+    def revoke(
+        self, pack: str, kind: str, key: str, credential_set: str | None, install_id: str
+    ) -> None:
+        """Withdraw a binding; the event names the generation it pointed at."""
+        self._revoked(
+            **self._who(),
+            pack=pack,
+            kind=kind,
+            key=key,
+            credential_set=credential_set,
+            install_id=install_id,
+        )
 
 
 class Catalog(Aggregate):

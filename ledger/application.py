@@ -1,10 +1,10 @@
 """The ``eventsourcing`` application wired to this project's recorder and transcoder.
 
-``eventsourcing`` supplies aggregates, the repository and the mapper (with
-upcasting); this module swaps in the hash-chained ``LedgerRecorder`` and the
-canonical ``OrjsonTranscoder``. ``save(..., fence=..., precommit=...)``
-passes the read fence and the terminal check straight to the append
-transaction.
+``eventsourcing`` supplies aggregates and the repository; this module swaps
+in the hash-chained ``LedgerRecorder``, the canonical ``OrjsonTranscoder`` and
+the ``LogMapper`` that stores product type names (log format v1).
+``save(..., fence=..., precommit=...)`` passes the read fence and the
+terminal check straight to the append transaction.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from eventsourcing.persistence import (
     AggregateRecorder,
     ApplicationRecorder,
     InfrastructureFactory,
+    Mapper,
     ProcessRecorder,
     TrackingRecorder,
     Transcoder,
@@ -25,6 +26,7 @@ from eventsourcing.persistence import (
 from eventsourcing.utils import Environment
 
 from ledger.db import Database
+from ledger.mapper import LogMapper
 from ledger.recorder import InlineHook, LedgerRecorder
 from ledger.transcoder import OrjsonTranscoder
 
@@ -75,3 +77,7 @@ class LedgerApplication(Application[UUID]):
 
     def construct_transcoder(self) -> Transcoder:
         return OrjsonTranscoder()
+
+    def construct_mapper(self) -> Mapper[UUID]:
+        """Log format v1 on write, v0 and v1 on read (``domain.event_types``)."""
+        return LogMapper(self.construct_transcoder())

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import struct
 from collections.abc import Callable, Iterator
@@ -30,8 +31,10 @@ from domain.catalog import audience_digest
 from domain.content import fact_hasher
 from domain.digests import ZERO_CHAIN, Purpose, hasher
 from domain.errors import IntegrityFailure, InvalidInput, LedgerError, Missing
-from domain.topics import (
-    REPLAY_TOPICS,
+from domain.event_types import (
+    EVENT_TYPES,
+    LIFECYCLE_TYPES,
+    REPLAY_TYPES,
     T_ACTIVATED,
     T_ADVANCED,
     T_FAILED,
@@ -44,6 +47,7 @@ from domain.topics import (
     T_RETIRED,
     T_REVOKED,
     T_STARTED,
+    UnknownEventType,
 )
 from ledger import merkle, schema
 from ledger.checkpoint import Checkpoint, VerifierKey
@@ -286,7 +290,7 @@ def verify_proof(document: dict[str, Any], cp: Checkpoint) -> dict[str, Any]:
 
 # -- replaying the catalog ----------------------------------------------------------------------
 
-CATALOG_TOPICS = frozenset(
+CATALOG_TYPES = frozenset(
     {
         T_PREPARED,
         T_ACTIVATED,
@@ -355,7 +359,7 @@ class CatalogReplay:
                 d["kind"],
                 d["key"],
                 d.get("credential_set"),
-                d.get("install_id", ""),
+                d.get("install_id") or "",
                 d.get("payload_hash", ""),
             )
             self.pending.append((position, "revoke" if topic == T_REVOKED else "grant", row))
@@ -758,29 +762,42 @@ def _replaying(
     report: AuditReport,
     generations: list[dict[str, Any]] | None,
 ) -> Iterator[tuple[int, bytes, int, bytes, bytes, bytes, bytes]]:
-    """Feed decoded lifecycle and catalog events to the replays as rows stream by."""
+    """Feed decoded lifecycle and catalog events to the replays as rows stream by.
+
+    Every row's topic goes through the type table: a type or version this
+    release does not know is a problem at its position (fail closed, R23), and
+    old formats and versions are upcast before the replays see them.
+    """
     for row in rows:
-        topic = row[3]
-        if topic.startswith(
-            (b"domain.lifecycle:", b"domain.coordination:Lease", b"domain.catalog:")
-        ):
-            topic_text = topic.decode("utf-8", "replace")
+        try:
+            stored = EVENT_TYPES.resolve(row[3])
+        except UnknownEventType as exc:
+            report.problems.append(Problem(row[0], "type", exc.message))
+            yield row
+            return
+        name = stored.type.name
+        if name in REPLAY_TYPES:
             try:
                 data = orjson.loads(row[4])
             except orjson.JSONDecodeError:
                 report.problems.append(Problem(row[0], "replay", "the state is not JSON"))
                 yield row
                 return
-            problem = auditor.feed(topic_text, data)
-            if problem is None and topic_text in CATALOG_TOPICS:
-                problem = catalog.feed(row[0], topic_text, data)
+            if not isinstance(data, dict):
+                report.problems.append(Problem(row[0], "replay", "the state is not an object"))
+                yield row
+                return
+            data = stored.upcast(data)
+            problem = auditor.feed(name, data)
+            if problem is None and name in CATALOG_TYPES:
+                problem = catalog.feed(row[0], name, data)
             if problem is not None:
                 # Reported only if the row itself verifies: the loop consuming us
                 # checks the bytes first, so a tampered row is named as such.
                 report.problems.append(Problem(row[0], "replay", problem))
                 yield row
                 return
-            if generations is not None and topic_text == T_PREPARED:
+            if generations is not None and name == T_PREPARED:
                 generations.append({"position": row[0], **data})
         yield row
 
@@ -817,9 +834,8 @@ def _verify_parallel(
             with ledger.db.read() as conn:
                 rows = (
                     (p, b"", 0, t.encode(), s, b"", b"")
-                    for p, t, s in ledger.recorder.scan(
-                        conn, after=0, upto=int(last), topics=sorted(REPLAY_TOPICS)
-                    )
+                    # Every row: the replay also proves each topic is a known type.
+                    for p, t, s in ledger.recorder.scan(conn, after=0, upto=int(last))
                 )
                 for _ in _replaying(rows, auditor, catalog, report, generations):
                     pass
@@ -922,13 +938,14 @@ def history(ledger: Ledger, pack: str) -> list[dict[str, Any]]:
     out = []
     with ledger.db.read() as conn:
         for position, _agg, _ver, topic, state, event_id, _chain in ledger.recorder.scan_full(conn):
-            if not topic.startswith(b"domain.lifecycle:"):
+            stored = EVENT_TYPES.resolve(topic)
+            name = stored.type.name
+            if name not in LIFECYCLE_TYPES:
                 continue
-            data = orjson.loads(state)
+            data = stored.upcast(orjson.loads(state))
             if data.get("pack") != pack:
                 continue
-            name = topic.decode().rsplit(":", 1)[-1]
-            summary = {
+            summary: dict[str, Any] = {
                 k: data[k]
                 for k in (
                     "install_id",
@@ -943,7 +960,7 @@ def history(ledger: Ledger, pack: str) -> list[dict[str, Any]]:
                 )
                 if k in data
             }
-            if name == "Generation.Prepared":
+            if name == T_PREPARED:
                 summary["revision"] = data["source"].get("revision")
                 summary["payload_hash"] = data["payload_hash"]
             out.append(
@@ -966,9 +983,9 @@ def view_at(ledger: Ledger, audience: tuple[str, str], revision: int) -> dict[st
             conn,
             after=0,
             upto=ledger.recorder.head_in(conn).position,
-            topics=sorted(CATALOG_TOPICS),
+            topics=EVENT_TYPES.topics_of(CATALOG_TYPES),
         ):
-            problem = replay.feed(position, topic, orjson.loads(state))
+            problem = replay.feed(position, *EVENT_TYPES.decode(topic, state))
             if problem is not None:
                 raise IntegrityFailure(f"the log does not replay: {problem}", position=position)
             if revision in replay.revisions:
@@ -1008,21 +1025,38 @@ def view_at(ledger: Ledger, audience: tuple[str, str], revision: int) -> dict[st
 
 
 def export_jsonl(ledger: Ledger, out: TextIO) -> int:
-    """Every event as one JSON line: position, ids, chain and decoded state."""
+    """Every event as one JSON line (schema/LOG-FORMAT.md, "Export").
+
+    Each record carries the exact stored state bytes (``state_b64``), so an
+    auditor recomputes ``event_id`` and ``chain`` from the line alone, and says
+    per record which log format and schema version the row was written in: a
+    store written by 0.1 and appended to later holds both formats. A topic
+    this release does not know is still exported (type, version and format
+    null): the export never hides a row; ``audit verify`` fails it closed.
+    """
+    from uuid import UUID
+
     count = 0
     with ledger.db.read() as conn:
         for position, agg, version, topic, state, event_id, chain in ledger.recorder.scan_full(
             conn
         ):
-            from uuid import UUID
-
+            try:
+                stored = EVENT_TYPES.resolve(topic)
+                kind: tuple[Any, Any, Any] = (stored.format, stored.type.name, stored.version)
+            except UnknownEventType:
+                kind = (None, None, None)
             line = {
                 "position": position,
                 "aggregate_id": str(UUID(bytes=agg)),
                 "version": version,
                 "topic": topic.decode("utf-8", "replace"),
+                "format": kind[0],
+                "type": kind[1],
+                "type_version": kind[2],
                 "event_id": event_id.hex(),
                 "chain": chain.hex(),
+                "state_b64": base64.b64encode(state).decode("ascii"),
                 "state_hex": None,
                 "state": None,
             }

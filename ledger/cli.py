@@ -237,8 +237,8 @@ def schema_group() -> None:
 )
 @json_option
 def schema_dump(out: Path, dialect: str | None, as_json: bool) -> None:
-    """Write the DDL for SQLite and the MySQL family, the HTTP OpenAPI document and the
-    JSON Schema of exported events."""
+    """Write the DDL for SQLite and the MySQL family, the HTTP OpenAPI document, the
+    JSON Schema of exported events and the log-format conformance vectors."""
     from ledger.store import ddl
 
     if dialect is not None:
@@ -246,6 +246,7 @@ def schema_dump(out: Path, dialect: str | None, as_json: bool) -> None:
         emit(as_json, {"dialect": dialect, "ddl": text}, lambda: click.echo(text, nl=False))
         return
     from ledger.event_schema import events_schema
+    from ledger.log_vectors import all_vectors
     from ledger.server import openapi_document
 
     written = []
@@ -261,6 +262,11 @@ def schema_dump(out: Path, dialect: str | None, as_json: bool) -> None:
         path = out / "events.schema.json"
         path.write_text(dump_json(events_schema()), encoding="utf-8")
         written.append(str(path))
+        vectors = out / "vectors" / "log"
+        vectors.mkdir(parents=True, exist_ok=True)
+        for name, document in all_vectors().items():
+            (vectors / name).write_text(dump_json(document), encoding="utf-8")
+            written.append(str(vectors / name))
     except OSError as exc:
         raise UsageError(f"cannot write schema files: {exc}", field="out") from None
     emit(as_json, {"written": written}, lambda: click.echo("\n".join(written)))

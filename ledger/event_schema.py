@@ -1,31 +1,31 @@
-"""JSON Schema of every event, generated from the event classes themselves.
+"""JSON Schema of every event type and version, generated from the type table.
 
 Auditors in other languages read ``catalog-ledger export --jsonl``; this
 document (checked in as ``schema/events.schema.json`` and checked for
-staleness by a test) says what each line and each event's ``state`` holds.
+staleness by a test) says what each line holds and, for every stored topic
+(format v0 Python paths and format v1 ``type@version`` alike), which fields
+that event's ``state`` must have.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from typing import Any
 
-from eventsourcing.utils import get_topic
 from pydantic import create_model
 
-from domain.topics import event_classes
-
-_NOT_STATE = {"originator_id", "originator_version"}
+from domain.event_types import EVENT_TYPES, PRODUCT_TYPES, EventType
 
 
-def state_schema(cls: type[Any]) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    fields = {
-        f.name: (hints[f.name], ...) for f in dataclasses.fields(cls) if f.name not in _NOT_STATE
-    }
-    model = create_model(cls.__qualname__.replace(".", ""), **fields)  # type: ignore[call-overload]
+def state_schema(t: EventType, version: int, *, v0: bool = False) -> dict[str, Any]:
+    """The state of ``t`` at schema ``version``: exactly its fields, all required."""
+    hints = typing.get_type_hints(t.cls)
+    fields: dict[str, Any] = {name: (hints[name], ...) for name in t.fields(version)}
+    if v0 and t.creates:
+        fields["originator_topic"] = (str, ...)  # format v0 only: a frozen Python path
+    model = create_model(f"{t.name}@{version}", **fields)
     schema: dict[str, Any] = model.model_json_schema()
+    schema["title"] = f"{t.name} v{version}" + (" (format v0)" if v0 else "")
     schema["additionalProperties"] = False
     return schema
 
@@ -33,29 +33,51 @@ def state_schema(cls: type[Any]) -> dict[str, Any]:
 def events_schema() -> dict[str, Any]:
     defs: dict[str, Any] = {}
     variants = []
-    for cls in event_classes():
-        name = cls.__qualname__.replace(".", "")
-        defs[name] = state_schema(cls)
-        variants.append(
-            {
-                "properties": {
-                    "topic": {"const": get_topic(cls)},
-                    "state": {"$ref": f"#/$defs/{name}"},
-                },
-            }
-        )
+    for t in PRODUCT_TYPES:
+        for topic in t.stored_topics():
+            stored = EVENT_TYPES.resolve(topic)
+            ref = topic if stored.format == 1 else f"v0:{t.name}"
+            defs[ref] = state_schema(t, stored.version, v0=stored.format == 0)
+            variants.append(
+                {
+                    "properties": {
+                        "topic": {"const": topic},
+                        "type": {"const": t.name},
+                        "type_version": {"const": stored.version},
+                        "format": {"const": stored.format},
+                        "state": {"$ref": f"#/$defs/{ref}"},
+                    },
+                }
+            )
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "Catalog Ledger event export line (catalog-ledger export --jsonl)",
+        "description": "One line per stored event; see schema/LOG-FORMAT.md.",
         "type": "object",
-        "required": ["position", "aggregate_id", "version", "topic", "event_id", "chain", "state"],
+        "required": [
+            "position",
+            "aggregate_id",
+            "version",
+            "topic",
+            "format",
+            "type",
+            "type_version",
+            "event_id",
+            "chain",
+            "state_b64",
+            "state",
+        ],
         "properties": {
             "position": {"type": "integer", "minimum": 1},
             "aggregate_id": {"type": "string", "format": "uuid"},
             "version": {"type": "integer", "minimum": 1},
             "topic": {"type": "string"},
+            "format": {"enum": [0, 1, None]},
+            "type": {"type": ["string", "null"]},
+            "type_version": {"type": ["integer", "null"], "minimum": 1},
             "event_id": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
             "chain": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            "state_b64": {"type": "string", "contentEncoding": "base64"},
             "state": {"type": ["object", "null"]},
             "state_hex": {"type": ["string", "null"]},
         },

@@ -392,7 +392,7 @@ def binding_aggregates(
                 row.payload_hash,
             )
         else:
-            aggregate.revoke(row.pack, row.kind, row.key, row.credential_set)
+            aggregate.revoke(row.pack, row.kind, row.key, row.credential_set, row.install_id)
     return list(out.values())
 
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from domain.topics import T_GRANTED, T_PUBLISHED, T_REBOUND, T_REVOKED
+from domain.event_types import T_GRANTED, T_PUBLISHED, T_REBOUND, T_REVOKED
 from projections.framework import Projection, Row, RowStore, ViewEvent, ViewTable, view_table
 from projections.sqltypes import BigInt, Binary, enc
 
@@ -74,12 +74,12 @@ class AudienceBindingView(Projection):
     version = 1
     weight = 1.0
     tables = (AUDIENCE_BINDING,)
-    topics: ClassVar[frozenset[str]] = frozenset({T_GRANTED, T_REBOUND, T_REVOKED})
+    types: ClassVar[frozenset[str]] = frozenset({T_GRANTED, T_REBOUND, T_REVOKED})
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data
         key = binding_key(d)
-        if event.topic == T_REVOKED:
+        if event.type == T_REVOKED:
             rows.delete(AUDIENCE_BINDING, key)
             return
         rows.put(
@@ -178,13 +178,13 @@ class CatalogView(Projection):
         CATALOG_AUDIENCE,
         CATALOG_PENDING,
     )
-    topics: ClassVar[frozenset[str]] = frozenset({T_GRANTED, T_REBOUND, T_REVOKED, T_PUBLISHED})
+    types: ClassVar[frozenset[str]] = frozenset({T_GRANTED, T_REBOUND, T_REVOKED, T_PUBLISHED})
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data
-        if event.topic != T_PUBLISHED:
+        if event.type != T_PUBLISHED:
             key = binding_key(d)
-            granted = event.topic != T_REVOKED
+            granted = event.type != T_REVOKED
             rows.put(
                 CATALOG_PENDING,
                 dict(

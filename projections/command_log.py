@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import sqlalchemy as sa
 
-from domain.topics import T_RECORDED
+from domain.event_types import T_RECORDED
 from projections.framework import Projection, RowStore, ViewEvent, view_table
 from projections.sqltypes import BigInt, Binary, enc
 
@@ -30,7 +30,7 @@ class CommandLogView(Projection):
     name = "command_log"
     version = 1
     tables = (COMMAND_LOG,)
-    topics: ClassVar[frozenset[str]] = frozenset({T_RECORDED})
+    types: ClassVar[frozenset[str]] = frozenset({T_RECORDED})
     inline = False
     weight = 0.1
 

@@ -1,6 +1,6 @@
 """The projection framework: one ``apply`` code path for inline, catch-up, rebuild and verify.
 
-A projection declares a name, a code version, its tables and the topics it
+A projection declares a name, a code version, its tables and the event types it
 consumes, and implements ``apply(event, rows)`` against a ``RowStore``:
 
 * ``SqlRowStore`` writes through a SQLAlchemy connection into the rows of one
@@ -32,6 +32,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from domain.event_types import EVENT_TYPES
 from domain.log import LoggedEvent
 from projections.sqltypes import BigInt, Binary, Blob
 from projections.tables import metadata
@@ -42,19 +43,20 @@ Key = tuple[Any, ...]
 
 @dataclass(frozen=True, slots=True)
 class ViewEvent:
-    """A log row as projections see it: position, topic and decoded state.
+    """A log row as projections see it: position, event type name and current-version state.
 
     Events are self-describing (they carry the pack, install id … they are
     about), so projections need nothing else from the row.
     """
 
     position: int
-    topic: str
+    type: str
     data: dict[str, Any]
 
     @classmethod
     def decode(cls, row: LoggedEvent) -> ViewEvent:
-        return cls(row.position, row.topic, orjson.loads(row.state))
+        """Decode through the type table: v0 and v1 rows alike, upcast (R23)."""
+        return cls(row.position, *EVENT_TYPES.decode(row.topic, row.state))
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,12 @@ class ViewTable:
         if len(key) == 1:
             return (row[key[0]],)
         return _getter(key)(row)
+
+
+@cache
+def stored_topics(types: frozenset[str]) -> frozenset[str]:
+    """Every stored topic (both log formats, every version) of the event types ``types``."""
+    return frozenset(EVENT_TYPES.topics_of(types))
 
 
 @cache
@@ -139,7 +147,8 @@ class Projection(ABC):
     name: ClassVar[str]
     version: ClassVar[int]
     tables: ClassVar[tuple[ViewTable, ...]]
-    topics: ClassVar[frozenset[str]]
+    #: The event type names (``domain.event_types``) the projection applies.
+    types: ClassVar[frozenset[str]]
     #: Inline projections are applied inside the append transaction (core views).
     inline: ClassVar[bool] = True
     #: Relative replay cost, used to balance parallel rebuilds (measured, rough).
@@ -477,7 +486,7 @@ def apply_rows(
 ) -> ApplyOutcome:
     """Apply ``rows`` in order; stop at the first event the projection cannot apply."""
     position, chain = start, start_chain
-    topics = projection.topics
+    topics = stored_topics(projection.types)
     buffered = store if isinstance(store, SqlRowStore) else None
     for row in rows:
         if row.topic in topics:

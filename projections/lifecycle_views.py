@@ -17,8 +17,7 @@ import sqlalchemy as sa
 
 from domain.canonical import canonical_bytes_trusted
 from domain.content import fact_hasher
-from domain.lifecycle import GenerationStatus, SourceKind
-from domain.topics import (
+from domain.event_types import (
     T_ACTIVATED,
     T_ADVANCED,
     T_FAILED,
@@ -29,6 +28,7 @@ from domain.topics import (
     T_RETIRED,
     T_STARTED,
 )
+from domain.lifecycle import GenerationStatus, SourceKind
 from projections.framework import Projection, RowStore, ViewEvent, view_table
 from projections.sqltypes import BigInt, Binary, Blob, enc
 
@@ -67,13 +67,13 @@ class InstalledPackView(Projection):
     name = "installed_pack"
     version = 1
     tables = (INSTALLED_PACK,)
-    topics: ClassVar[frozenset[str]] = frozenset(
+    types: ClassVar[frozenset[str]] = frozenset(
         {T_STARTED, T_ADVANCED, T_LOCAL_INSTALLED, T_LOCAL_UPDATED, T_LEGACY}
     )
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data
-        topic = event.topic
+        topic = event.type
         if topic in (T_STARTED, T_ADVANCED):
             source = d["source"]
             row = {
@@ -154,12 +154,12 @@ class PackGenerationView(Projection):
     version = 1
     weight = 4.5
     tables = (PACK_GENERATION,)
-    topics: ClassVar[frozenset[str]] = frozenset({T_PREPARED, T_ACTIVATED, T_RETIRED, T_FAILED})
+    types: ClassVar[frozenset[str]] = frozenset({T_PREPARED, T_ACTIVATED, T_RETIRED, T_FAILED})
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data
         key = (d["pack"].encode(), d["install_id"].encode())
-        if event.topic == T_PREPARED:
+        if event.type == T_PREPARED:
             source = d["source"]
             rows.put(
                 PACK_GENERATION,
@@ -186,11 +186,11 @@ class PackGenerationView(Projection):
         if row is None:
             raise LookupError(f"generation {d['install_id']} of {d['pack']!r} was never prepared")
         row = dict(row)  # never mutate a row another store layer may still hold
-        if event.topic == T_ACTIVATED:
+        if event.type == T_ACTIVATED:
             row["status"] = _ACTIVE
             row["applied_payload_hash"] = d["applied_payload_hash"].encode()
             row["epoch"] = d["epoch"]
-        elif event.topic == T_RETIRED:
+        elif event.type == T_RETIRED:
             row["status"] = _RETIRED
         else:
             row["status"] = _FAILED_DIRTY if d["dirty"] else _FAILED_CLEAN
@@ -217,7 +217,7 @@ class PackActivationView(Projection):
     name = "pack_activation"
     version = 1
     tables = (PACK_ACTIVATION,)
-    topics: ClassVar[frozenset[str]] = frozenset({T_STARTED, T_ADVANCED})
+    types: ClassVar[frozenset[str]] = frozenset({T_STARTED, T_ADVANCED})
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data
@@ -255,7 +255,7 @@ class PackComponentView(Projection):
     version = 1
     weight = 5.0
     tables = (PACK_COMPONENT,)
-    topics: ClassVar[frozenset[str]] = frozenset({T_PREPARED})
+    types: ClassVar[frozenset[str]] = frozenset({T_PREPARED})
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data

@@ -13,12 +13,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from domain.digests import ZERO_CHAIN
 from domain.errors import Conflict, InvalidInput
+from domain.event_types import EVENT_TYPES
 from domain.log import LoggedEvent
 from projections.framework import (
     MemoryRowStore,
@@ -31,6 +31,7 @@ from projections.framework import (
     load_states,
     read_version_rows,
     save_state,
+    stored_topics,
     write_rows,
 )
 
@@ -330,7 +331,7 @@ class ProjectionRunner:
                 done += 1
                 if progress is not None and done % 10_000 == 0:
                     progress(position, head0)
-                event = ViewEvent(position, topic, orjson.loads(state))  # decoded once
+                event = ViewEvent(position, *EVENT_TYPES.decode(topic, state))  # decoded once
                 for p in by_topic[topic]:
                     if p.name in errors:
                         continue
@@ -424,7 +425,7 @@ class ProjectionRunner:
             for position, topic, state in self.log.scan(
                 conn, after=0, upto=upto, topics=list(by_topic)
             ):
-                event = ViewEvent(position, topic, orjson.loads(state))
+                event = ViewEvent(position, *EVENT_TYPES.decode(topic, state))
                 for p in by_topic[topic]:
                     if p.name in replay_errors or position > states[p.name].position:
                         continue
@@ -550,9 +551,10 @@ def _groups(projections: Sequence[Projection], workers: int) -> list[list[Projec
 
 
 def _by_topic(projections: Sequence[Projection]) -> dict[str, list[Projection]]:
+    """Stored topic (every format and version of each type) -> the projections applying it."""
     out: dict[str, list[Projection]] = {}
     for p in projections:
-        for topic in p.topics:
+        for topic in stored_topics(p.types):
             out.setdefault(topic, []).append(p)
     return out
 

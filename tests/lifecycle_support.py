@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from domain.event_types import EVENT_TYPES
 from domain.identity import PackName
 from domain.lifecycle import PackState
 from domain.manifest import LocalSource, ManifestPack, OfficialSource
@@ -95,7 +96,10 @@ class World:
             return reader.pack_state(PackName(pack))
 
     def topics(self) -> list[str]:
-        return [row.topic.rsplit(":", 1)[-1] for row in self.ledger.recorder.iter_rows()]
+        """The type name of every event in the log, in order."""
+        return [
+            EVENT_TYPES.resolve(row.topic).type.name for row in self.ledger.recorder.iter_rows()
+        ]
 
 
 def new_service(world: World, **options: Any) -> CommandService:

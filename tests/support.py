@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from eventsourcing.domain import Aggregate, event
 
+from domain.event_types import EVENT_TYPES, EventType
+
 
 class Note(Aggregate):
     """A minimal aggregate for exercising the log itself."""
@@ -16,3 +18,9 @@ class Note(Aggregate):
     @event("Written")
     def write(self, text: str) -> None:
         self.lines.append(text)
+
+
+# A test aggregate is a log event type like any other: registered by product name.
+# (``@event("Written")`` makes the class at run time, so mypy cannot see it.)
+EVENT_TYPES.register(EventType("test.note_created", Note.Created, Note))
+EVENT_TYPES.register(EventType("test.note_written", Note.Written, Note))  # type: ignore[attr-defined]

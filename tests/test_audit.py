@@ -327,7 +327,7 @@ def test_r20_history_view_at_revision_and_export_from_the_log(world: World, tmp_
     world.service.apply(world.manifest([world.official("sales", c2)], bindings))
     events = run_cli("--db", world.url, "history", "--pack", "sales", "--json").json()["events"]
     names = [e["event"] for e in events]
-    assert names.count("Generation.Prepared") == 2 and "Generation.Retired" in names
+    assert names.count("generation.prepared") == 2 and "generation.retired" in names
     past = run_cli("--db", world.url, "view", "integration:a", "--at-revision", "1", "--json")
     assert past.code == 0
     install_ids = {f["install_id"] for f in past.json()["facts"]}

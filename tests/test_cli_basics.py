@@ -39,7 +39,7 @@ def test_r22_init_is_idempotent_and_log_shows_chain(engine_url: str, tmp_path: P
     window = run_cli("--db", engine_url, "log", "--from", "2", "--limit", "1", "--json").json()
     assert [e["position"] for e in window["events"]] == [2]
     human = run_cli("--db", engine_url, "log")
-    assert human.code == 0 and "Note.Written" in human.stdout
+    assert human.code == 0 and "test.note_written@1" in human.stdout
 
 
 def test_default_db_is_catalog_db_in_working_directory(tmp_path: Path) -> None:

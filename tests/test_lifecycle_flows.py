@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _generation_topics(world: World) -> list[str]:
-    return [t for t in world.topics() if t.startswith("Generation.")]
+    return [t for t in world.topics() if t.startswith("generation.")]
 
 
 def test_r7_upgrade_g1_g2_restart_g3_and_exact_retry_is_read_only(world: World) -> None:

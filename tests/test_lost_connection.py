@@ -49,8 +49,8 @@ def hex_marker(text: str) -> bytes:
     return binascii.hexlify(text.encode())
 
 
-#: In the INSERT of the append that records a command (topic ...CommandRecord.Recorded).
-COMMAND_RECORD = hex_marker("CommandRecord")
+#: In the INSERT of the append that records a command (topic command.recorded@1).
+COMMAND_RECORD = hex_marker("command.recorded@")
 EVENTS_INSERT = b"INSERT INTO ledger_events"
 
 
@@ -280,8 +280,8 @@ def test_r10_publish_retry_after_lost_commit_is_classified(
     else:
         assert result["replayed"] is False and result["noop"] is False
         appended = world.topics()[head:]
-        assert appended.count("Catalog.Published") == 1
-        assert appended.count("CommandRecord.Recorded") == 1
+        assert appended.count("catalog.published") == 1
+        assert appended.count("command.recorded") == 1
     assert observe(world.ledger).revision == 1
     assert world.service.publish(command_id=cid) == {**result, "replayed": True}
     assert_log_sound(world.ledger)
@@ -421,6 +421,6 @@ def test_r12_blackout_after_lost_commit_retry_recovers_or_replays(
     )
     if prior is None:
         assert sorted(item["pack"] for item in result["recovered"]) == sorted(PACKS)
-        history = [t for t in world.topics() if t.startswith("Generation.Failed")]
+        history = [t for t in world.topics() if t == "generation.failed"]
         assert len(history) == len(PACKS)
     assert_log_sound(world.ledger)

@@ -28,6 +28,21 @@ FIXTURE_SHA256 = {
     "export-v0.jsonl": "cbb965e3d44327ade5598b60a85ca06b3ff7eda8f00c6990f32f577cec7fddf7",
     "expected.json": "cdf8d6c711d222971a0da3d195849fb5a152a18f8e8dfd82020a7f6ff46a8a59",
 }
+#: The type-name table of schema/LOG-FORMAT.md for the lifecycle events, written out
+#: by hand (0.1 class name -> 0.2 type name): frozen history, not derived from code.
+V0_TYPE_NAMES = {
+    "Generation.Prepared": "generation.prepared",
+    "Generation.Activated": "generation.activated",
+    "Generation.Retired": "generation.retired",
+    "Generation.Failed": "generation.failed",
+    "PackActivation.Started": "activation.started",
+    "PackActivation.Advanced": "activation.advanced",
+    "PackHistory.Opened": "pack_history.opened",
+    "PackHistory.Attempted": "pack_history.attempted",
+    "LocalPack.Installed": "local_pack.installed",
+    "LocalPack.Updated": "local_pack.updated",
+    "LegacyRecord.Imported": "legacy.imported",
+}
 EXPECTED: dict[str, Any] = json.loads((GOLDEN / "expected.json").read_text(encoding="utf-8"))
 
 
@@ -117,8 +132,13 @@ def test_r23_golden_v0_log_status_and_history_read_identically(golden: str) -> N
         0,
         EXPECTED["log"],
     )
+    # 0.2 names events by their product type (0.1 showed the class name); all else holds.
     for pack, history in EXPECTED["history"].items():
-        assert cli_json("--db", golden, "history", "--pack", pack) == (0, history), pack
+        renamed = [{**e, "event": V0_TYPE_NAMES[e["event"]]} for e in history["events"]]
+        assert cli_json("--db", golden, "history", "--pack", pack) == (
+            0,
+            {**history, "events": renamed},
+        ), pack
 
 
 def _records(jsonl: str) -> list[dict[str, Any]]:

@@ -1,0 +1,324 @@
+"""The log's event types: product names, schema versions, and how every stored topic reads.
+
+This module is the one table of type name <-> class (R23). The recorder's
+mapper, the projections, the audit, ``history`` and the JSON Schema all read
+it; nothing else lists event types. ``schema/LOG-FORMAT.md`` documents it.
+
+Two log formats exist, and both are read forever:
+
+* **format v0** (catalog-ledger 0.1): the topic is the Python path of the
+  event class (``domain.lifecycle:Generation.Prepared``) and the state of a
+  creating event carries ``originator_topic``, another Python path. Those
+  strings are frozen below as text: they are history, not code references,
+  so moving or renaming a class never breaks an old store.
+* **format v1** (0.2 on): the topic is ``<type name>@<schema version>``
+  (``generation.prepared@1``). The state holds the event's own fields and its
+  ``timestamp``, nothing else.
+
+Where the version lives: in the topic. The topic is already hashed into every
+``event_id`` and is the column readers filter on, so a reader knows which
+decoder a row needs (and fails closed on a version it does not know) before it
+parses a byte of state, and the SQL topic filter selects exact versions.
+
+A schema change is a new version: the event class gains fields, and
+``added[n]`` names the fields version ``n`` added with the value a row of
+version ``n - 1`` is read as (its upcast). Rows are never rewritten: an old
+row's stored bytes stay exactly what was hashed; upcasting happens on read.
+
+Renaming a type later: never change ``name`` of a type that has rows. Add
+the old name to ``aliases`` (stored topics keep resolving), and write the new
+name from then on; the spec's table records both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import orjson
+from eventsourcing.domain import Aggregate
+
+from domain.catalog import AudienceBindings, Catalog
+from domain.coordination import CommandRecord, Lease
+from domain.errors import IntegrityFailure
+from domain.lifecycle import Generation, LegacyRecord, LocalPack, PackActivation, PackHistory
+
+#: The log format this release writes, and every format it reads.
+WRITTEN_FORMAT = 1
+READ_FORMATS = (0, 1)
+
+_NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
+#: State keys that are not event fields: ids live in their columns, classes in this table.
+NOT_STATE = frozenset({"originator_id", "originator_version", "originator_topic"})
+
+
+class UnknownEventType(IntegrityFailure):
+    """A stored topic this release cannot read: unknown type, or a newer schema version."""
+
+
+@dataclass(frozen=True)
+class EventType:
+    """One event type of the log: its product name, class and schema history."""
+
+    name: str
+    cls: type[Aggregate.Event]
+    #: The aggregate the event belongs to (a creating event constructs it).
+    aggregate: type[Aggregate]
+    #: The Python-path topic 0.1 stored this type under (format v0), frozen text.
+    v0_topic: str | None = None
+    #: version -> {field: value a row of the previous version is read with}.
+    added: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    #: Earlier names of this type, still read (see the module docstring).
+    aliases: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name) or any(not _NAME.fullmatch(a) for a in self.aliases):
+            raise ValueError(f"not a product type name: {self.name!r}")
+        if sorted(self.added) != list(range(2, 2 + len(self.added))):
+            raise ValueError(f"{self.name}: versions must run 2, 3, … without gaps")
+        fields = set(self.fields())
+        for version, defaults in self.added.items():
+            if not set(defaults) <= fields:
+                raise ValueError(f"{self.name} v{version} adds fields its class lacks")
+
+    @property
+    def version(self) -> int:
+        """The schema version this release writes."""
+        return 1 + len(self.added)
+
+    @property
+    def topic(self) -> str:
+        """The format-v1 topic new events of this type are stored under."""
+        return f"{self.name}@{self.version}"
+
+    @property
+    def creates(self) -> bool:
+        """Whether the event constructs its aggregate (``originator_topic`` in eventsourcing)."""
+        return issubclass(self.cls, Aggregate.Created)
+
+    def fields(self, version: int | None = None) -> tuple[str, ...]:
+        """The state fields of ``version`` (default: current), ``timestamp`` included."""
+        names = [n for n in getattr(self.cls, "__dataclass_fields__", {}) if n not in NOT_STATE]
+        later = {
+            f for v, added in self.added.items() if v > (version or self.version) for f in added
+        }
+        return tuple(sorted(n for n in names if n not in later))
+
+    def stored_topics(self) -> tuple[str, ...]:
+        """Every topic a row of this type may be stored under, oldest first."""
+        topics = [self.v0_topic] if self.v0_topic else []
+        for name in (*self.aliases, self.name):
+            topics += [f"{name}@{v}" for v in range(1, self.version + 1)]
+        return tuple(topics)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredType:
+    """What one stored topic means: the type, the schema version and the log format."""
+
+    type: EventType
+    version: int
+    format: int
+
+    def upcast(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` as the current version of the type (in place; returned for chaining)."""
+        if self.format == 0:
+            state.pop("originator_topic", None)
+        for version in range(self.version + 1, self.type.version + 1):
+            for name, default in self.type.added[version].items():
+                state.setdefault(name, default)
+        return state
+
+
+class EventTypeTable:
+    """Type name <-> class <-> stored topics, for every event the log holds."""
+
+    def __init__(self, types: Iterable[EventType] = ()) -> None:
+        self._by_name: dict[str, EventType] = {}
+        self._by_class: dict[type, EventType] = {}
+        self._by_topic: dict[str, StoredType] = {}
+        for t in types:
+            self.register(t)
+
+    def register(self, t: EventType) -> None:
+        """Add a type; names, classes and stored topics must all be new."""
+        topics = {}
+        if t.v0_topic:
+            topics[t.v0_topic] = StoredType(t, 1, 0)
+        for name in (*t.aliases, t.name):
+            for v in range(1, t.version + 1):
+                topics[f"{name}@{v}"] = StoredType(t, v, 1)
+        clash = set(topics) & set(self._by_topic)
+        if t.name in self._by_name or t.cls in self._by_class or clash:
+            raise ValueError(f"event type {t.name} clashes with a registered one")
+        self._by_name[t.name] = t
+        self._by_class[t.cls] = t
+        self._by_topic.update(topics)
+
+    def __iter__(self) -> Iterator[EventType]:
+        return iter(self._by_name.values())
+
+    def named(self, name: str) -> EventType:
+        return self._by_name[name]
+
+    def of_class(self, cls: type) -> EventType:
+        try:
+            return self._by_class[cls]
+        except KeyError:
+            raise TypeError(f"{cls.__qualname__} is not a registered log event type") from None
+
+    def resolve(self, topic: str | bytes) -> StoredType:
+        """The meaning of a stored topic; unknown types and versions fail closed (R23)."""
+        text = topic.decode("utf-8", "replace") if isinstance(topic, bytes) else topic
+        found = self._by_topic.get(text)
+        if found is not None:
+            return found
+        name, at, version = text.rpartition("@")
+        if at and name in self._by_name:
+            known = self._by_name[name].version
+            raise UnknownEventType(
+                f"event type {name} version {version} is newer than this release reads "
+                f"(up to {known}); upgrade catalog-ledger to read this log",
+                topic=text,
+                known_version=known,
+            )
+        raise UnknownEventType(f"unknown event type {text!r} in the log", topic=text)
+
+    def decode(self, topic: str | bytes, state: bytes) -> tuple[str, dict[str, Any]]:
+        """Type name and current-version state of a stored row (the read path of views)."""
+        stored = self.resolve(topic)
+        data = orjson.loads(state)
+        if not isinstance(data, dict):
+            raise IntegrityFailure("a stored event state is not a JSON object", topic=str(topic))
+        return stored.type.name, stored.upcast(data)
+
+    def topics_of(self, names: Iterable[str]) -> list[str]:
+        """Every stored topic of the types ``names`` (for SQL topic filters)."""
+        return sorted(t for name in names for t in self._by_name[name].stored_topics())
+
+    def v0_topics(self) -> Mapping[str, str]:
+        """Frozen format-v0 topic -> type name."""
+        return MappingProxyType({t.v0_topic: t.name for t in self._by_name.values() if t.v0_topic})
+
+
+def _v0(aggregate: type[Aggregate], module: str) -> Any:
+    """Build the entries of one aggregate: (event attribute, type name[, added])."""
+
+    def entries(*rows: tuple[Any, ...]) -> list[EventType]:
+        out = []
+        for row in rows:
+            attr, name = row[0], row[1]
+            added = row[2] if len(row) > 2 else {}
+            out.append(
+                EventType(
+                    name=name,
+                    cls=getattr(aggregate, attr),
+                    aggregate=aggregate,
+                    v0_topic=f"{module}:{aggregate.__name__}.{attr}",
+                    added=added,
+                )
+            )
+        return out
+
+    return entries
+
+
+# The v0 topics are spelled out from the 0.1 module paths; if a class moves, the
+# strings below must stay exactly as they are (they are what 0.1 stored).
+_LIFECYCLE = "domain.lifecycle"
+_CATALOG = "domain.catalog"
+_COORDINATION = "domain.coordination"
+
+#: Every event type of the product, in a stable order (the spec's table).
+PRODUCT_TYPES: tuple[EventType, ...] = tuple(
+    [
+        *_v0(Generation, _LIFECYCLE)(
+            ("Prepared", "generation.prepared"),
+            ("Activated", "generation.activated"),
+            ("Retired", "generation.retired"),
+            ("Failed", "generation.failed"),
+        ),
+        *_v0(PackActivation, _LIFECYCLE)(
+            ("Started", "activation.started"),
+            ("Advanced", "activation.advanced"),
+        ),
+        *_v0(PackHistory, _LIFECYCLE)(
+            ("Opened", "pack_history.opened"),
+            ("Attempted", "pack_history.attempted"),
+        ),
+        *_v0(LocalPack, _LIFECYCLE)(
+            ("Installed", "local_pack.installed"),
+            ("Updated", "local_pack.updated"),
+        ),
+        *_v0(LegacyRecord, _LIFECYCLE)(
+            ("Imported", "legacy.imported"),
+        ),
+        *_v0(Lease, _COORDINATION)(
+            ("Opened", "lease.opened"),
+            ("Acquired", "lease.acquired"),
+            ("Renewed", "lease.renewed"),
+            ("Released", "lease.released"),
+        ),
+        *_v0(CommandRecord, _COORDINATION)(
+            ("Recorded", "command.recorded"),
+        ),
+        *_v0(AudienceBindings, _CATALOG)(
+            ("Opened", "audience.opened"),
+            ("Granted", "binding.granted"),
+            ("Rebound", "binding.rebound"),
+            # v2: a revocation names the install id the revoked binding pointed at
+            # (rows written before say nothing: read as null).
+            ("Revoked", "binding.revoked", {2: {"install_id": None}}),
+        ),
+        *_v0(Catalog, _CATALOG)(
+            ("Opened", "catalog.opened"),
+            ("Published", "catalog.published"),
+        ),
+    ]
+)
+#: The table every reader and writer uses (tests may register types of their own).
+EVENT_TYPES = EventTypeTable(PRODUCT_TYPES)
+
+# Type names, for the modules that dispatch on them.
+T_PREPARED = "generation.prepared"
+T_ACTIVATED = "generation.activated"
+T_RETIRED = "generation.retired"
+T_FAILED = "generation.failed"
+T_STARTED = "activation.started"
+T_ADVANCED = "activation.advanced"
+T_HISTORY_OPENED = "pack_history.opened"
+T_ATTEMPTED = "pack_history.attempted"
+T_LOCAL_INSTALLED = "local_pack.installed"
+T_LOCAL_UPDATED = "local_pack.updated"
+T_LEGACY = "legacy.imported"
+T_GRANTED = "binding.granted"
+T_REBOUND = "binding.rebound"
+T_REVOKED = "binding.revoked"
+T_PUBLISHED = "catalog.published"
+T_RECORDED = "command.recorded"
+
+#: Types whose facts are about one pack's lifecycle (``history --pack``).
+LIFECYCLE_TYPES = frozenset(
+    t.name
+    for t in EVENT_TYPES
+    if t.aggregate in (Generation, PackActivation, PackHistory, LocalPack, LegacyRecord)
+)
+#: Events the audit replays (lifecycle, leases, the catalog lineage and bindings).
+REPLAY_TYPES = frozenset(
+    t.name
+    for t in EVENT_TYPES
+    if t.aggregate
+    in (
+        Generation,
+        PackActivation,
+        PackHistory,
+        LocalPack,
+        LegacyRecord,
+        Lease,
+        AudienceBindings,
+        Catalog,
+    )
+)

@@ -1,0 +1,271 @@
+"""Conformance vectors of the log format (``schema/vectors/log/*.json``), made by this code.
+
+The vectors are the log's rules as data: for fixed inputs (aggregate id,
+version, topic, exact state bytes) they give the length-prefixed bytes that
+are hashed, every ``event_id``, every chain link, the Merkle root at every
+tree size, inclusion and consistency proofs, and a checkpoint. An outside
+verifier written from ``schema/LOG-FORMAT.md`` alone must reproduce them;
+the test suite runs one (``tests/reference_verifier.py``). ``catalog-ledger
+schema dump`` regenerates them and a test checks they are not stale.
+
+Inputs are fixed (no clock, no randomness), so the files are byte-stable.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+from uuid import UUID
+
+import orjson
+
+from domain.digests import ZERO_CHAIN, Purpose, aggregate_id, event_id, lp, next_chain, u64
+from ledger import merkle
+from ledger.checkpoint import Checkpoint
+
+ORIGIN = "catalog-ledger/00000000000000000000000000000000"
+_STAMP = "2026-12-01T00:00:00+00:00"
+
+
+def _state(**fields: Any) -> bytes:
+    """State bytes as the transcoder writes them: orjson, sorted keys, UTF-8."""
+    return orjson.dumps({**fields, "timestamp": _STAMP}, option=orjson.OPT_SORT_KEYS)
+
+
+def _inputs() -> list[tuple[UUID, int, str, bytes, str]]:
+    """(aggregate id, version, topic, state bytes, what the case shows)."""
+    lease = aggregate_id("lease", "writer")
+    gen = aggregate_id("generation", "café", "0" * 32)
+    aud = aggregate_id("audience", "app", "CRM")
+    big = {f"k{i:04d}": "ü" * 40 for i in range(1500)}  # ~130 KB of state
+    cases: list[tuple[UUID, int, str, bytes, str]] = [
+        (
+            lease,
+            1,
+            "lease.opened@1",
+            _state(name="writer"),
+            "first event: chain from 32 zero bytes",
+        ),
+        (lease, 2, "lease.acquired@1", _state(epoch=1, expires_at_us=1, holder="h"), "plain"),
+        (UUID(int=0), 1, "catalog.opened@1", b"{}", "smallest state: an empty object"),
+        (
+            UUID(int=(1 << 128) - 1),
+            9_223_372_036_854_775_807,
+            "x.y@1",
+            b"{}",
+            "largest version (2^63 - 1), all-ones aggregate id, shortest type name",
+        ),
+        (
+            gen,
+            1,
+            "generation.prepared@1",
+            _state(pack="café", install_id="0" * 32, components=[], note="NFC é"),
+            "non-ASCII identity (NFC)",
+        ),
+        (
+            aggregate_id("generation", "cafe\u0301", "0" * 32),
+            1,
+            "generation.prepared@1",
+            _state(pack="cafe\u0301", install_id="0" * 32, components=[], note="NFD e + U+0301"),
+            "non-ASCII identity (NFD): other bytes, other id",
+        ),
+        (
+            aud,
+            1,
+            "audience.opened@1",
+            _state(audience_kind="app", audience_id="CRM"),
+            "case variant CRM",
+        ),
+        (
+            aggregate_id("audience", "app", "crm"),
+            1,
+            "audience.opened@1",
+            _state(audience_kind="app", audience_id="crm"),
+            "case variant crm",
+        ),
+        (
+            aud,
+            2,
+            "binding.revoked@2",
+            _state(
+                audience_kind="app",
+                audience_id="CRM",
+                pack="sales",
+                kind="k",
+                key="K",
+                credential_set=None,
+                install_id="1" * 32,
+            ),
+            "schema version 2 of a type",
+        ),
+        (
+            aud,
+            3,
+            "binding.revoked@1",
+            _state(
+                audience_kind="app",
+                audience_id="CRM",
+                pack="sales",
+                kind="k",
+                key="K",
+                credential_set="erp-prod",
+            ),
+            "schema version 1 of the same type (read upcast, install_id null)",
+        ),
+        (
+            gen,
+            2,
+            "domain.lifecycle:Generation.Activated",
+            _state(pack="café", install_id="0" * 32, epoch=1, applied_payload_hash="v1:00"),
+            "format v0 topic (a 0.1 Python path)",
+        ),
+        (
+            aggregate_id("legacy", "billing"),
+            1,
+            "domain.lifecycle:LegacyRecord.Imported",
+            _state(
+                pack="billing",
+                install_id="L-7",
+                status="active",
+                category="app",
+                source={"kind": "official_repo"},
+                applied_payload_hash=None,
+                originator_topic="domain.lifecycle:LegacyRecord",
+            ),
+            "format v0 creating event: originator_topic in the state",
+        ),
+        (
+            aggregate_id("generation", "big", "1" * 32),
+            1,
+            "generation.prepared@1",
+            _state(pack="big", payload=big),
+            "large state (> 64 KiB)",
+        ),
+        (
+            aggregate_id("x", "emoji"),
+            1,
+            "command.recorded@1",
+            _state(command_id="😀" * 10, kind="apply", request_digest="00", result={}),
+            "4-byte UTF-8 in the state",
+        ),
+        (
+            aggregate_id("x", "escapes"),
+            1,
+            "command.recorded@1",
+            _state(command_id='q"\\\n\t\u0000', kind="apply", request_digest="00", result={}),
+            "JSON escapes in the state: hashed as stored, never re-serialized",
+        ),
+        (
+            aggregate_id("x", "ints"),
+            1,
+            "catalog.published@1",
+            _state(
+                revision=1,
+                content_digest="ab",
+                parent_digest=None,
+                activations=[],
+                released_packs=[],
+                audiences=[],
+                counts={"min": -(2**63), "max": 2**63 - 1},
+                bindings_position=None,
+            ),
+            "integers at the edges of the canonical range",
+        ),
+        (
+            aggregate_id("x", "not-json"),
+            1,
+            "x.y@1",
+            b"\xff\x00 not json",
+            "the hash covers stored bytes whatever they are",
+        ),
+        (
+            aggregate_id("x", "length"),
+            1,
+            "ab@1",
+            b'{"c":1}',
+            "length prefixes: topic 'ab@1' + state '{\"c\":1}' ...",
+        ),
+        (
+            aggregate_id("x", "length"),
+            2,
+            "ab@1{",
+            b'"c":1}',
+            "... and 'ab@1{' + '\"c\":1}': same concatenation, other event_id",
+        ),
+        (lease, 3, "lease.released@1", _state(epoch=1), "plain"),
+        (aggregate_id("x", "version-bytes"), 256, "x.y@1", b"{}", "version 256: big-endian u64"),
+    ]
+    return cases
+
+
+def event_vectors() -> dict[str, Any]:
+    events = []
+    chain = ZERO_CHAIN
+    for position, (agg, version, topic, state, note) in enumerate(_inputs(), start=1):
+        encoded = lp(agg.bytes, u64(version), topic.encode(), state)
+        eid = event_id(agg.bytes, version, topic.encode(), state)
+        chain = next_chain(chain, eid)
+        events.append(
+            {
+                "position": position,
+                "note": note,
+                "aggregate_id": str(agg),
+                "version": version,
+                "topic": topic,
+                "state_b64": base64.b64encode(state).decode(),
+                "hashed_hex": encoded.hex() if len(encoded) <= 512 else None,
+                "hashed_length": len(encoded),
+                "event_id": eid.hex(),
+                "chain": chain.hex(),
+            }
+        )
+    return {
+        "description": "event_id and chain of every event, in position order "
+        "(schema/LOG-FORMAT.md: 'Event id', 'Chain'). hashed_hex is the exact "
+        "length-prefixed input of event_id (omitted above 512 bytes).",
+        "contexts": {"event_id": Purpose.EVENT_ID.value, "chain": Purpose.CHAIN.value},
+        "chain_0": ZERO_CHAIN.hex(),
+        "events": events,
+    }
+
+
+def merkle_vectors(event_ids: list[bytes]) -> dict[str, Any]:
+    leaves = [merkle.leaf_hash(e) for e in event_ids]
+    n = len(leaves)
+    roots = [{"size": size, "root": merkle.root(leaves[:size]).hex()} for size in range(1, n + 1)]
+    inclusion = [
+        {
+            "index": index,
+            "size": size,
+            "leaf_hash": leaves[index].hex(),
+            "proof": [h.hex() for h in merkle.inclusion_proof(leaves, index, size)],
+        }
+        for index, size in ((0, 1), (0, n), (n - 1, n), (5, 13), (12, 13), (7, 16))
+        if index < size <= n
+    ]
+    consistency = [
+        {
+            "size1": a,
+            "size2": b,
+            "proof": [h.hex() for h in merkle.consistency_proof(leaves, a, b)],
+        }
+        for a, b in ((1, n), (4, 8), (6, 13), (13, n), (n, n))
+        if 1 <= a <= b <= n
+    ]
+    checkpoint = Checkpoint(ORIGIN, n, merkle.root(leaves))
+    return {
+        "description": "RFC 9162 Merkle tree over the event ids of events.json: leaf = "
+        "SHA-256(0x00 || event_id), node = SHA-256(0x01 || left || right).",
+        "leaf_data": "event_id",
+        "roots": roots,
+        "inclusion": inclusion,
+        "consistency": consistency,
+        "checkpoint": {"origin": ORIGIN, "size": n, "text": checkpoint.text()},
+    }
+
+
+def all_vectors() -> dict[str, dict[str, Any]]:
+    """File name -> document, for ``schema/vectors/log/``."""
+    events = event_vectors()
+    ids = [bytes.fromhex(e["event_id"]) for e in events["events"]]
+    return {"events.json": events, "merkle.json": merkle_vectors(ids)}
