@@ -31,10 +31,10 @@ from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import AggregateRecorder, InfrastructureFactory, Mapper, StoredEvent
 
 from bench.common import DEFAULT_MYSQL, mysql_connect, mysql_scratch
-from ledger.db import open_database
-from ledger.recorder import LedgerRecorder
-from ledger.store import init_store
-from ledger.transcoder import OrjsonTranscoder
+from ledger.log.db import open_database
+from ledger.log.recorder import LedgerRecorder
+from ledger.log.transcoder import OrjsonTranscoder
+from ledger.store.init import init_store
 
 BATCH = 100
 Events = list[StoredEvent]

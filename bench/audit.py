@@ -26,11 +26,11 @@ from blake3 import blake3
 
 from bench.rebuild import build_log
 from domain.digests import Purpose
-from ledger.audit import verify_log
-from ledger.db import Database, open_database
-from ledger.rebuild import default_workers
-from ledger.runtime import Ledger
-from ledger.store import init_store
+from ledger.audit.verify import verify_log
+from ledger.log.db import Database, open_database
+from ledger.store.init import init_store
+from ledger.store.rebuild import default_workers
+from ledger.store.runtime import Ledger
 
 
 def raw_scan(db: Database) -> tuple[float, list[tuple[bytes, bytes]]]:

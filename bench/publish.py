@@ -24,10 +24,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ledger.commands import CommandService
-from ledger.db import open_database
-from ledger.runtime import Ledger
-from ledger.store import init_store
+from ledger.commands.service import CommandService
+from ledger.log.db import open_database
+from ledger.store.init import init_store
+from ledger.store.runtime import Ledger
 from tests.gitrepo import Repo
 
 BASE_PACKS, COMPONENTS, BASE_AUDIENCES, PER_AUDIENCE = 250, 20, 1000, 10

@@ -37,10 +37,10 @@ import httpx
 
 from bench.common import DEFAULT_MYSQL, mysql_scratch
 from domain.identity import Audience
-from ledger.commands import CommandService
-from ledger.db import Database, open_database
-from ledger.runtime import Ledger
-from ledger.server import tune_gc_for_serving
+from ledger.commands.service import CommandService
+from ledger.http.app import tune_gc_for_serving
+from ledger.log.db import Database, open_database
+from ledger.store.runtime import Ledger
 from projections.framework import load_states
 from projections.reader import CatalogReader
 

@@ -26,10 +26,10 @@ from eventsourcing.persistence import JSONTranscoder, Mapper, StoredEvent
 from eventsourcing.utils import Environment
 
 from bench.common import DEFAULT_MYSQL, mysql_scratch
-from ledger.db import Database, open_database
-from ledger.rebuild import default_workers, process_builder
-from ledger.runtime import Ledger
-from ledger.store import init_store
+from ledger.log.db import Database, open_database
+from ledger.store.init import init_store
+from ledger.store.rebuild import default_workers, process_builder
+from ledger.store.runtime import Ledger
 from tests.history import bulk_history
 
 PACKS_PER_ROUND_EVENTS = 5  # events per pack per advance round

@@ -204,80 +204,58 @@ class EventTypeTable:
         return MappingProxyType({t.v0_topic: t.name for t in self._by_name.values() if t.v0_topic})
 
 
-def _v0(aggregate: type[Aggregate], module: str) -> Any:
-    """Build the entries of one aggregate: (event attribute, type name[, added])."""
-
-    def entries(*rows: tuple[Any, ...]) -> list[EventType]:
-        out = []
-        for row in rows:
-            attr, name = row[0], row[1]
-            added = row[2] if len(row) > 2 else {}
-            out.append(
-                EventType(
-                    name=name,
-                    cls=getattr(aggregate, attr),
-                    aggregate=aggregate,
-                    v0_topic=f"{module}:{aggregate.__name__}.{attr}",
-                    added=added,
-                )
-            )
-        return out
-
-    return entries
+def _t(
+    name: str,
+    cls: type[Aggregate.Event],
+    aggregate: type[Aggregate],
+    v0_topic: str,
+    added: Mapping[int, Mapping[str, Any]] | None = None,
+) -> EventType:
+    return EventType(name, cls, aggregate, v0_topic, added or {})
 
 
-# The v0 topics are spelled out from the 0.1 module paths; if a class moves, the
-# strings below must stay exactly as they are (they are what 0.1 stored).
-_LIFECYCLE = "domain.lifecycle"
-_CATALOG = "domain.catalog"
-_COORDINATION = "domain.coordination"
+# The v0 topics are the exact text 0.1 stored. They are history, not references to
+# code: when a class moves or is renamed, these strings stay exactly as they are.
+G, PA, PH, LP, LR = Generation, PackActivation, PackHistory, LocalPack, LegacyRecord
+AB = AudienceBindings
 
 #: Every event type of the product, in a stable order (the spec's table).
-PRODUCT_TYPES: tuple[EventType, ...] = tuple(
-    [
-        *_v0(Generation, _LIFECYCLE)(
-            ("Prepared", "generation.prepared"),
-            ("Activated", "generation.activated"),
-            ("Retired", "generation.retired"),
-            ("Failed", "generation.failed"),
-        ),
-        *_v0(PackActivation, _LIFECYCLE)(
-            ("Started", "activation.started"),
-            ("Advanced", "activation.advanced"),
-        ),
-        *_v0(PackHistory, _LIFECYCLE)(
-            ("Opened", "pack_history.opened"),
-            ("Attempted", "pack_history.attempted"),
-        ),
-        *_v0(LocalPack, _LIFECYCLE)(
-            ("Installed", "local_pack.installed"),
-            ("Updated", "local_pack.updated"),
-        ),
-        *_v0(LegacyRecord, _LIFECYCLE)(
-            ("Imported", "legacy.imported"),
-        ),
-        *_v0(Lease, _COORDINATION)(
-            ("Opened", "lease.opened"),
-            ("Acquired", "lease.acquired"),
-            ("Renewed", "lease.renewed"),
-            ("Released", "lease.released"),
-        ),
-        *_v0(CommandRecord, _COORDINATION)(
-            ("Recorded", "command.recorded"),
-        ),
-        *_v0(AudienceBindings, _CATALOG)(
-            ("Opened", "audience.opened"),
-            ("Granted", "binding.granted"),
-            ("Rebound", "binding.rebound"),
-            # v2: a revocation names the install id the revoked binding pointed at
-            # (rows written before say nothing: read as null).
-            ("Revoked", "binding.revoked", {2: {"install_id": None}}),
-        ),
-        *_v0(Catalog, _CATALOG)(
-            ("Opened", "catalog.opened"),
-            ("Published", "catalog.published"),
-        ),
-    ]
+PRODUCT_TYPES: tuple[EventType, ...] = (
+    _t("generation.prepared", G.Prepared, G, "domain.lifecycle:Generation.Prepared"),
+    _t("generation.activated", G.Activated, G, "domain.lifecycle:Generation.Activated"),
+    _t("generation.retired", G.Retired, G, "domain.lifecycle:Generation.Retired"),
+    _t("generation.failed", G.Failed, G, "domain.lifecycle:Generation.Failed"),
+    _t("activation.started", PA.Started, PA, "domain.lifecycle:PackActivation.Started"),
+    _t("activation.advanced", PA.Advanced, PA, "domain.lifecycle:PackActivation.Advanced"),
+    _t("pack_history.opened", PH.Opened, PH, "domain.lifecycle:PackHistory.Opened"),
+    _t("pack_history.attempted", PH.Attempted, PH, "domain.lifecycle:PackHistory.Attempted"),
+    _t("local_pack.installed", LP.Installed, LP, "domain.lifecycle:LocalPack.Installed"),
+    _t("local_pack.updated", LP.Updated, LP, "domain.lifecycle:LocalPack.Updated"),
+    _t("legacy.imported", LR.Imported, LR, "domain.lifecycle:LegacyRecord.Imported"),
+    _t("lease.opened", Lease.Opened, Lease, "domain.coordination:Lease.Opened"),
+    _t("lease.acquired", Lease.Acquired, Lease, "domain.coordination:Lease.Acquired"),
+    _t("lease.renewed", Lease.Renewed, Lease, "domain.coordination:Lease.Renewed"),
+    _t("lease.released", Lease.Released, Lease, "domain.coordination:Lease.Released"),
+    _t(
+        "command.recorded",
+        CommandRecord.Recorded,
+        CommandRecord,
+        "domain.coordination:CommandRecord.Recorded",
+    ),
+    _t("audience.opened", AB.Opened, AB, "domain.catalog:AudienceBindings.Opened"),
+    _t("binding.granted", AB.Granted, AB, "domain.catalog:AudienceBindings.Granted"),
+    _t("binding.rebound", AB.Rebound, AB, "domain.catalog:AudienceBindings.Rebound"),
+    # v2: a revocation names the install id the revoked binding pointed at
+    # (rows written before say nothing: read as null).
+    _t(
+        "binding.revoked",
+        AB.Revoked,
+        AB,
+        "domain.catalog:AudienceBindings.Revoked",
+        {2: {"install_id": None}},
+    ),
+    _t("catalog.opened", Catalog.Opened, Catalog, "domain.catalog:Catalog.Opened"),
+    _t("catalog.published", Catalog.Published, Catalog, "domain.catalog:Catalog.Published"),
 )
 #: The table every reader and writer uses (tests may register types of their own).
 EVENT_TYPES = EventTypeTable(PRODUCT_TYPES)

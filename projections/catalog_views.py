@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 
 from domain.event_types import T_GRANTED, T_PUBLISHED, T_REBOUND, T_REVOKED
+from ledger.log.sqltypes import BigInt, Binary, enc
 from projections.framework import Projection, Row, RowStore, ViewEvent, ViewTable, view_table
-from projections.sqltypes import BigInt, Binary, enc
 
 #: ``to_revision`` of rows still in force at the head revision.
 OPEN = 2**62

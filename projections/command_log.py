@@ -12,8 +12,8 @@ from typing import ClassVar
 import sqlalchemy as sa
 
 from domain.event_types import T_RECORDED
+from ledger.log.sqltypes import BigInt, Binary, enc
 from projections.framework import Projection, RowStore, ViewEvent, view_table
-from projections.sqltypes import BigInt, Binary, enc
 
 COMMAND_LOG = view_table(
     "_System_CommandLog",

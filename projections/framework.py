@@ -34,7 +34,7 @@ from sqlalchemy.engine import Connection
 
 from domain.event_types import EVENT_TYPES
 from domain.log import LoggedEvent
-from projections.sqltypes import BigInt, Binary, Blob
+from ledger.log.sqltypes import BigInt, Binary, Blob
 from projections.tables import metadata
 
 Row = dict[str, Any]

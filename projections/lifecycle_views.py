@@ -29,8 +29,8 @@ from domain.event_types import (
     T_STARTED,
 )
 from domain.lifecycle import GenerationStatus, SourceKind
+from ledger.log.sqltypes import BigInt, Binary, Blob, enc
 from projections.framework import Projection, RowStore, ViewEvent, view_table
-from projections.sqltypes import BigInt, Binary, Blob, enc
 
 
 def _opt(value: str | None) -> bytes | None:

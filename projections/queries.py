@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from domain.errors import IntegrityFailure
+from ledger.log.sqltypes import dec
 from projections.framework import load_states
 from projections.lifecycle_views import (
     INSTALLED_PACK,
@@ -17,7 +18,6 @@ from projections.lifecycle_views import (
     PackActivationView,
     PackGenerationView,
 )
-from projections.sqltypes import dec
 
 
 def require_running(conn: Connection, *names: str) -> dict[str, int]:
@@ -51,7 +51,28 @@ def preparing_generations(conn: Connection) -> list[tuple[str, str]]:
     return [(dec(p), dec(i)) for p, i in rows]
 
 
-def pack_status(conn: Connection) -> list[dict[str, Any]]:
+class NewestAttempt(TypedDict):
+    install_id: str
+    ordinal: int
+    status: str
+    revision: str | None
+
+
+class PackStatus(TypedDict):
+    """One pack as ``status`` shows it: selected generation, newest attempt, dirty."""
+
+    pack: str
+    source_kind: str | None
+    status: str | None
+    active_install_id: str | None
+    revision: str | None
+    epoch: int | None
+    installed_install_id: str | None
+    newest_attempt: NewestAttempt | None
+    dirty: bool
+
+
+def pack_status(conn: Connection) -> list[PackStatus]:
     """Per pack: selected generation, newest attempt and whether it is dirty."""
     versions = require_running(
         conn, InstalledPackView.name, PackGenerationView.name, PackActivationView.name
@@ -76,7 +97,7 @@ def pack_status(conn: Connection) -> list[dict[str, Any]]:
         .order_by(gen.c.pack, gen.c.ordinal)
     ):
         newest[dec(r.pack)] = r
-    out = []
+    out: list[PackStatus] = []
     for pack in sorted(set(installed) | set(newest)):
         row = installed.get(pack)
         attempt = newest.get(pack)

@@ -11,7 +11,7 @@ import gc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -36,6 +36,39 @@ from projections.framework import (
 )
 
 Progress = Callable[[int, int], None]
+
+
+class ViewStatus(TypedDict):
+    """One view in ``projections status`` (only name and state when it is missing)."""
+
+    name: str
+    state: str  # running | stopped | missing
+    tables: NotRequired[list[str]]
+    mode: NotRequired[str]
+    code_version: NotRequired[int]
+    built_with_code_version: NotRequired[int]
+    live_version: NotRequired[int]
+    position: NotRequired[int]
+    lag: NotRequired[int]
+    error: NotRequired[dict[str, Any] | None]
+    rebuild_needed: NotRequired[bool]
+
+
+class ProjectionsStatus(TypedDict):
+    head: int
+    views: list[ViewStatus]
+
+
+class RebuildOutcome(TypedDict):
+    """One view's blue/green rebuild: versions swapped, events replayed and applied after."""
+
+    previous_version: int
+    live_version: int
+    position: int
+    replayed: int
+    tail: int
+
+
 #: Runs ``build_versions`` for each group of view names (e.g. one process each)
 #: and returns the merged poison-event errors.
 GroupBuilder = Callable[
@@ -241,7 +274,7 @@ class ProjectionRunner:
         progress: Progress | None = None,
         builder: GroupBuilder | None = None,
         workers: int = 1,
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, RebuildOutcome]:
         """Build the next version of each view from position 0, catch up, swap atomically.
 
         With a ``builder`` and ``workers > 1`` the views are split into groups of
@@ -350,8 +383,8 @@ class ProjectionRunner:
         chosen: Sequence[Projection],
         versions: dict[str, tuple[int, int]],
         head0: int,
-    ) -> dict[str, dict[str, Any]]:
-        report: dict[str, dict[str, Any]] = {}
+    ) -> dict[str, RebuildOutcome]:
+        report: dict[str, RebuildOutcome] = {}
         with store.write() as conn:
             head = self.log.lock_head(conn)
             states = load_states(conn, lock=True)
@@ -485,11 +518,11 @@ class ProjectionRunner:
 
     # -- status ------------------------------------------------------------------------
 
-    def status(self, store: Store) -> dict[str, Any]:
+    def status(self, store: Store) -> ProjectionsStatus:
         with store.read() as conn:
             head = self.log.head_in(conn)
             states = load_states(conn)
-        views: list[dict[str, Any]] = []
+        views: list[ViewStatus] = []
         for p in self.projections:
             st = states.get(p.name)
             if st is None:

@@ -8,7 +8,7 @@ import os
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
 
-from ledger.cli import run
+from ledger.cli.app import run
 from tests.cli_support import Result
 
 

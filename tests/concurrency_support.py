@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from domain.log import first_chain_break
-from ledger.audit import verify_log
-from ledger.db import open_database
-from ledger.runtime import Ledger
-from ledger.store import init_store
+from ledger.audit.verify import verify_log
+from ledger.log.db import open_database
+from ledger.store.init import init_store
+from ledger.store.runtime import Ledger
 from tests.concurrency_worker import build
 
 ROOT = Path(__file__).resolve().parents[1]

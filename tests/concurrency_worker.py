@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from domain.errors import Conflict, LedgerError
-from ledger.commands import CommandService
-from ledger.db import open_database
-from ledger.rebuild import process_builder
-from ledger.runtime import Ledger
+from ledger.commands.service import CommandService
+from ledger.log.db import open_database
+from ledger.store.rebuild import process_builder
+from ledger.store.runtime import Ledger
 from tests.gitrepo import Repo, manifest, official, push_pack
 
 PACKS = ["p0", "p1", "p2", "p3"]

@@ -25,8 +25,8 @@ from hypothesis import settings
 from sqlalchemy.engine import make_url
 
 from bench.common import DEFAULT_MYSQL, mysql_connect, mysql_scratch
-from ledger.db import Database, open_database
-from ledger.store import init_store
+from ledger.log.db import Database, open_database
+from ledger.store.init import init_store
 from tests.lifecycle_support import World
 
 MYSQL_ENV = "CATALOG_LEDGER_TEST_MYSQL"

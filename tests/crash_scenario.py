@@ -21,12 +21,12 @@ from typing import Any
 import sqlalchemy as sa
 
 from domain.identity import Audience
-from domain.lifecycle import Advance
-from ledger.commands import CommandService
-from ledger.db import open_database
-from ledger.runtime import Ledger
-from ledger.sources import resolve_manifest
-from ledger.store import init_store
+from domain.matrix import Advance
+from ledger.commands.service import CommandService
+from ledger.commands.sources import resolve_manifest
+from ledger.log.db import open_database
+from ledger.store.init import init_store
+from ledger.store.runtime import Ledger
 from projections.reader import CatalogReader
 from tests.gitrepo import Repo, local, manifest, official, push_closure, push_pack
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ledger.audit import verify_log
-from ledger.commands import CommandService
-from ledger.db import open_database
-from ledger.runtime import Ledger
+from ledger.audit.verify import verify_log
+from ledger.commands.service import CommandService
+from ledger.log.db import open_database
+from ledger.store.runtime import Ledger
 from projections.queries import preparing_generations
 from tests.conftest import Server
 from tests.crash_scenario import final_state
@@ -84,7 +84,7 @@ def check_after_kill(url: str, workdir: Path, reference: dict[str, Any]) -> list
     db = open_database(url)
     try:
         ledger = Ledger(db)
-        from ledger.store import init_store
+        from ledger.store.init import init_store
 
         init_store(db)  # the kill may have come before the schema existed
         report = verify_log(ledger)

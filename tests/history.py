@@ -20,7 +20,7 @@ from domain.lifecycle import (
     SourceKind,
     install_id_for,
 )
-from ledger.runtime import Ledger
+from ledger.store.runtime import Ledger
 
 
 def _components(pack: str, version: int, count: int) -> list[dict[str, object]]:

@@ -6,15 +6,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from domain.classifier import PackState
 from domain.event_types import EVENT_TYPES
 from domain.identity import PackName
-from domain.lifecycle import PackState
 from domain.manifest import LocalSource, ManifestPack, OfficialSource
-from ledger.commands import CommandService
-from ledger.db import Database, open_database
-from ledger.runtime import Ledger
-from ledger.sources import ResolvedPack, resolve_packs
-from ledger.store import init_store
+from ledger.commands.results import ApplyResult
+from ledger.commands.service import CommandService
+from ledger.commands.sources import ResolvedPack, resolve_packs
+from ledger.log.db import Database, open_database
+from ledger.store.init import init_store
+from ledger.store.runtime import Ledger
 from tests.gitrepo import Repo, manifest, official, push_pack
 
 
@@ -77,7 +78,7 @@ class World:
     def official(self, pack: str, commit: str) -> dict[str, Any]:
         return official(pack, self.repo.path, commit, f"{pack}/pack.json")
 
-    def apply(self, *packs: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    def apply(self, *packs: dict[str, Any], **kwargs: Any) -> ApplyResult:
         return self.service.apply(self.manifest(list(packs)), **kwargs)
 
     def legacy_file(self, records: list[dict[str, Any]]) -> Path:

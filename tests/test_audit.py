@@ -13,10 +13,12 @@ import jsonschema
 import sqlalchemy as sa
 
 from domain.digests import ZERO_CHAIN, event_id, next_chain
-from ledger import merkle, schema
-from ledger.audit import MerkleLog, checkpoint, verify_log
-from ledger.checkpoint import SignerKey
-from ledger.db import Database
+from ledger.audit.proofs import MerkleLog, checkpoint
+from ledger.audit.verify import verify_log
+from ledger.log import merkle
+from ledger.log import tables as schema
+from ledger.log.checkpoint import SignerKey
+from ledger.log.db import Database
 from tests.cli_support import run_cli
 from tests.gitrepo import git, push_closure
 from tests.history import bulk_history
@@ -351,8 +353,8 @@ def test_r20_history_view_at_revision_and_export_from_the_log(world: World, tmp_
 
 
 def test_r22_events_schema_is_current() -> None:
-    from ledger.cli import dump_json
-    from ledger.event_schema import events_schema
+    from ledger.audit.event_schema import events_schema
+    from ledger.cli.app import dump_json
 
     checked_in = (ROOT / "schema" / "events.schema.json").read_text(encoding="utf-8")
     assert checked_in == dump_json(events_schema()), (

@@ -13,7 +13,7 @@ import pytest
 from domain.canonical import canonical_bytes, parse_json
 from domain.digests import Purpose, digest, lp
 from domain.errors import InvalidInput
-from ledger.transcoder import OrjsonTranscoder
+from ledger.log.transcoder import OrjsonTranscoder
 
 
 def test_r4_keys_sorted_and_compact() -> None:
@@ -83,7 +83,7 @@ import sys
 from datetime import datetime, timezone
 from uuid import UUID
 from eventsourcing.persistence import Mapper
-from ledger.transcoder import OrjsonTranscoder
+from ledger.log.transcoder import OrjsonTranscoder
 from tests.support import Note
 event = Note.Written(
     originator_id=UUID(int=7), originator_version=3,

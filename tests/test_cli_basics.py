@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ledger.application import LedgerApplication
-from ledger.db import open_database
+from ledger.log.application import LedgerApplication
+from ledger.log.db import open_database
 from tests.cli_support import run_cli
 from tests.support import Note
 

@@ -36,12 +36,57 @@ IO_MODULES = {
     "eventsourcing.popo",
     "time",
 }
+#: Which of our packages each layer may import (its own modules are always allowed).
+#: Dependencies point inward: entrypoints -> commands/audit -> store wiring -> log/views -> domain.
 ALLOWED_OURS = {
     "domain": set(),
     "publisher": {"domain"},
-    "projections": {"domain"},
-    "ledger": {"domain", "projections", "publisher"},
+    # Views declare their tables with the log's identity column types (R3): one
+    # declaration of binary identity semantics for every table in the store.
+    "projections": {"domain", "ledger.log.sqltypes"},
+    "ledger.log": {"domain"},
+    "ledger.store": {"domain", "ledger.log", "projections"},
+    "ledger.commands": {"domain", "ledger.log", "ledger.store", "projections", "publisher"},
+    "ledger.audit": {
+        "domain",
+        "ledger.log",
+        "ledger.store",
+        "ledger.commands.sources",
+        "projections",
+        "publisher",
+    },
+    # The public Python API composes everything below the entrypoints.
+    "ledger.api": {
+        "domain",
+        "ledger.log",
+        "ledger.store",
+        "ledger.commands",
+        "ledger.audit",
+        "projections",
+    },
+    # Entrypoints are thin adapters over the API (and the audit's schema generators).
+    "ledger.cli": {"domain", "ledger.api", "ledger.audit", "ledger.http"},
+    "ledger.http": {"domain", "ledger.api", "ledger.store", "projections.reader"},
 }
+
+
+def _layer_of(module: str) -> str | None:
+    """The most specific layer ``module`` belongs to."""
+    best = None
+    for layer in ALLOWED_OURS:
+        if (module == layer or module.startswith(layer + ".")) and (
+            best is None or len(layer) > len(best)
+        ):
+            best = layer
+    return best
+
+
+def _allowed(importer: str, imported: str) -> bool:
+    layer = _layer_of(importer)
+    assert layer is not None, importer
+    if imported == layer or imported.startswith(layer + "."):
+        return True
+    return any(imported == a or imported.startswith(a + ".") for a in ALLOWED_OURS[layer])
 
 
 def _imports(path: Path) -> set[str]:
@@ -55,12 +100,22 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _violations(package: str, forbidden_external: set[str]) -> list[str]:
     bad = []
-    for path in sorted((ROOT / package).rglob("*.py")):
+    root = ROOT / package.replace(".", "/")
+    paths = sorted(root.rglob("*.py")) if root.is_dir() else [root.with_suffix(".py")]
+    for path in paths:
+        importer = _module_name(path)
+        if _layer_of(importer) != package:
+            continue  # a more specific layer inside this package checks it
         for name in _imports(path):
             top = name.split(".")[0]
-            if top in OURS and top != package and top not in ALLOWED_OURS[package]:
+            if top in OURS and not _allowed(importer, name):
                 bad.append(f"{path.relative_to(ROOT)} imports {name}")
             for io in forbidden_external:
                 if name == io or name.startswith(io + "."):
@@ -73,6 +128,14 @@ def test_dependencies_point_inward(package: str) -> None:
     assert _violations(package, set()) == []
 
 
+def test_every_product_module_belongs_to_a_layer() -> None:
+    for package in ("domain", "ledger", "projections", "publisher"):
+        for path in (ROOT / package).rglob("*.py"):
+            name = _module_name(path)
+            if name != "ledger":  # the namespace package itself holds nothing
+                assert _layer_of(name) is not None, name
+
+
 def test_domain_imports_no_io_module() -> None:
     assert _violations("domain", IO_MODULES) == []
 
@@ -83,5 +146,11 @@ def test_layering_check_catches_a_forbidden_import(
     fake_root = tmp_path
     (fake_root / "domain").mkdir()
     (fake_root / "domain" / "bad.py").write_text("import sqlalchemy\nfrom ledger import db\n")
+    (fake_root / "ledger" / "log").mkdir(parents=True)
+    (fake_root / "ledger" / "log" / "bad.py").write_text("from projections.runner import x\n")
+    (fake_root / "ledger" / "cli").mkdir(parents=True)
+    (fake_root / "ledger" / "cli" / "bad.py").write_text("from ledger.log.db import x\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", fake_root)
     assert len(_violations("domain", IO_MODULES)) == 2
+    assert _violations("ledger.log", set()) == ["ledger/log/bad.py imports projections.runner"]
+    assert _violations("ledger.cli", set()) == ["ledger/cli/bad.py imports ledger.log.db"]

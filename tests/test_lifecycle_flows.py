@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from domain.classifier import Condition, classify
 from domain.errors import Conflict, LifecycleRejected
-from domain.lifecycle import Advance, Condition, GenerationStatus, classify
+from domain.lifecycle import GenerationStatus
 from domain.log import first_chain_break
+from domain.matrix import Advance
 from tests.cli_support import run_cli
 from tests.lifecycle_support import World, new_service
 
@@ -265,10 +267,10 @@ def test_r5_local_path_updates_in_place_and_is_never_authority(world: World) -> 
 _CRASH_CHILD = textwrap.dedent(
     """
     import sys, time
-    from domain.lifecycle import Advance
-    from ledger.commands import CommandService
-    from ledger.db import open_database
-    from ledger.runtime import Ledger
+    from domain.matrix import Advance
+    from ledger.commands.service import CommandService
+    from ledger.log.db import open_database
+    from ledger.store.runtime import Ledger
     from tests.lifecycle_support import World
     url, repo, pack, frm, to = sys.argv[1:6]
     ledger = Ledger(open_database(url))
@@ -276,7 +278,7 @@ _CRASH_CHILD = textwrap.dedent(
     handle = service.acquire_lease()
     from domain.identity import PackName
     from domain.manifest import ManifestPack, OfficialSource
-    from ledger.sources import resolve_packs
+    from ledger.commands.sources import resolve_packs
     from pathlib import Path
     (target,) = resolve_packs([ManifestPack(PackName(pack),
                               OfficialSource(repo, to, pack + "/pack.json"))], base=Path(repo))

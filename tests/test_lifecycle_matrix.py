@@ -8,16 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from domain.classifier import Condition, classify
 from domain.errors import LedgerError, LifecycleRejected
-from domain.lifecycle import (
-    Adopt,
-    Advance,
-    Condition,
-    Generation,
-    Install,
-    classify,
-)
-from ledger.commands import LeaseHandle
+from domain.lifecycle import Generation
+from domain.matrix import Adopt, Advance, Install
+from ledger.commands.service import LeaseHandle
 from tests.lifecycle_support import World
 
 C = Condition
@@ -260,7 +255,7 @@ def test_r11_category_change_rejected_in_preflight(world: World) -> None:
 
 
 def test_r11_exhausted_epoch_rejected_before_any_append(world: World, tmp_path: Path) -> None:
-    from ledger.commands import CommandService
+    from ledger.commands.service import CommandService
 
     matrix = Matrix(world)
     pack = matrix.into(C.ACTIVE)

@@ -10,10 +10,10 @@ import sqlalchemy as sa
 
 from domain.errors import Conflict
 from domain.log import first_chain_break
-from ledger import schema
-from ledger.application import LedgerApplication
-from ledger.db import Database, open_database
-from ledger.recorder import LedgerRecorder
+from ledger.log import tables as schema
+from ledger.log.application import LedgerApplication
+from ledger.log.db import Database, open_database
+from ledger.log.recorder import LedgerRecorder
 from tests.support import Note
 
 
@@ -127,7 +127,7 @@ def _append_worker(url: str, worker: int, count: int) -> None:
 @pytest.mark.parametrize("engine_url", ["mariadb"], indirect=True)
 def test_r22_four_processes_append_gapless_commit_ordered_chain(engine_url: str) -> None:
     database = open_database(engine_url)
-    from ledger.store import init_store
+    from ledger.store.init import init_store
 
     init_store(database)
     ctx = multiprocessing.get_context("spawn")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import binascii
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +28,11 @@ from domain.errors import LedgerError, Unavailable
 from domain.identity import PackName
 from domain.lifecycle import GenerationStatus
 from domain.log import first_chain_break
-from ledger.audit import verify_log
-from ledger.commands import CommandService
-from ledger.db import open_database
-from ledger.publishing import read_snapshot
-from ledger.runtime import Ledger
+from ledger.audit.verify import verify_log
+from ledger.commands.publishing import read_snapshot
+from ledger.commands.service import CommandService
+from ledger.log.db import open_database
+from ledger.store.runtime import Ledger
 from tests.cli_support import run_cli
 from tests.gitrepo import push_closure
 from tests.lifecycle_support import World, content
@@ -79,7 +79,7 @@ def observe(ledger: Ledger, packs: tuple[str, ...] = PACKS) -> Observed:
         )
 
 
-def recorded_result(ledger: Ledger, command_id: str) -> dict[str, Any] | None:
+def recorded_result(ledger: Ledger, command_id: str) -> Mapping[str, Any] | None:
     with ledger.snapshot() as reader:
         record = reader.command(command_id)
     return None if record is None else dict(record.result)
@@ -110,11 +110,11 @@ def assert_retry_classified(
     ledger: Ledger,
     command_id: str,
     before: Observed,
-    prior: dict[str, Any] | None,
-    retry: Callable[[], dict[str, Any]],
+    prior: Mapping[str, Any] | None,
+    retry: Callable[[], Mapping[str, Any]],
     *,
     packs: tuple[str, ...] = PACKS,
-) -> dict[str, Any]:
+) -> Mapping[str, Any]:
     """Retry ``command_id`` and check R10 against what the log held before the retry.
 
     ``before`` is the state before the interrupted command ran, ``prior`` the
@@ -236,10 +236,10 @@ def test_r10_cli_apply_retry_after_lost_commit_is_classified(
         assert observe(world.ledger).epochs == before.epochs
         assert set(newest_statuses(world.ledger).values()) == {"failed_clean"}
 
-    def retry() -> dict[str, Any]:
+    def retry() -> Mapping[str, Any]:
         again = run_cli("--db", world.url, "apply", str(manifest), "--command-id", cid, "--json")
         assert again.code == 0, again.stdout
-        out: dict[str, Any] = again.json()
+        out: Mapping[str, Any] = again.json()
         return out
 
     result = assert_retry_classified(world.ledger, cid, before, prior, retry)
@@ -355,7 +355,7 @@ def test_r11_drop_now_while_an_append_waits_for_the_head_lock(
     )
     proxy.record_statements = True
     service = proxied_service(proxy, world.url, lease_wait=0.0)
-    outcome: list[BaseException | dict[str, Any]] = []
+    outcome: list[BaseException | Mapping[str, Any]] = []
 
     def run() -> None:
         try:

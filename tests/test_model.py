@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -52,28 +52,19 @@ from hypothesis.stateful import (
 )
 from sqlalchemy.engine import make_url
 
+from domain.classifier import ACTIVATED, LEGACY, PREPARING, Condition, classify
 from domain.errors import Conflict, LedgerError, LifecycleRejected, Missing, Stale
 from domain.identity import Audience, PackName, SourceRevision
-from domain.lifecycle import (
-    ACTIVATED,
-    LEGACY,
-    PREPARING,
-    Advance,
-    Condition,
-    Generation,
-    GenerationStatus,
-    Install,
-    classify,
-    generation_id,
-)
+from domain.lifecycle import Generation, GenerationStatus, generation_id
 from domain.manifest import LocalSource, ManifestPack, OfficialSource
-from ledger.audit import verify_log
-from ledger.commands import CommandService, LeaseHandle
-from ledger.db import Database, open_database
-from ledger.publishing import read_snapshot
-from ledger.runtime import Ledger
-from ledger.sources import ResolvedPack, resolve_packs
-from ledger.store import init_store
+from domain.matrix import Advance, Install
+from ledger.audit.verify import verify_log
+from ledger.commands.publishing import read_snapshot
+from ledger.commands.service import CommandService, LeaseHandle
+from ledger.commands.sources import ResolvedPack, resolve_packs
+from ledger.log.db import Database, open_database
+from ledger.store.init import init_store
+from ledger.store.runtime import Ledger
 from projections.reader import CatalogReader
 from tests.conftest import Server
 from tests.gitrepo import Repo, manifest, official
@@ -660,7 +651,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.model = Model(harness.sources)
         self.store: Store | None = None
         self.handles: dict[str, tuple[LeaseHandle, int]] = {}  # writer -> (handle, token)
-        self.applied: list[tuple[str, Path, bool, dict[str, Any]]] = []
+        self.applied: list[tuple[str, Path, bool, Mapping[str, Any]]] = []
         self.commands = 0
         self.trace: list[str] = []
 
@@ -1067,6 +1058,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         for entry, (pack, _kind, version) in zip(out["packs"], packs, strict=True):
             decision = decisions[pack]
             if decision in ("install", "advance"):
+                assert entry["install_id"] is not None
                 m.prepare(pack, entry["install_id"], version)
                 assert entry["epoch"] == m.activate(pack)
             elif decision == "adopt":
@@ -1078,7 +1070,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         auths = m.authorities(recovered=False)
         rows = {i: (auths[i[2]] or Auth("none")).install_id or "" for i in rows}
         m.bindings = dict(rows)
-        counts = {k: len(v) for k, v in out["bindings"].items()}
+        counts = {k: len(v) for k, v in cast(dict[str, list[Any]], out["bindings"]).items()}
         assert counts == changes, (counts, changes)
         publishes = publish and m.signature(rows, auths) != m.published.signature
         if publishes:

@@ -17,8 +17,8 @@ from eventsourcing.persistence import StoredEvent
 
 from domain.digests import aggregate_id
 from domain.errors import IntegrityFailure, InvalidInput
-from domain.lifecycle import Advance
-from ledger.db import Database
+from domain.matrix import Advance
+from ledger.log.db import Database
 from projections.framework import load_states, read_version_rows
 from projections.queries import pack_status
 from projections.registry import ALL_PROJECTIONS

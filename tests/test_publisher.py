@@ -12,8 +12,9 @@ import pytest
 import sqlalchemy as sa
 
 from domain.errors import Conflict, LifecycleRejected
-from domain.lifecycle import Advance
-from ledger.commands import StagedPublication
+from domain.matrix import Advance
+from ledger.commands.publishing import StagedPublication
+from ledger.commands.results import ApplyResult
 from tests.gitrepo import component, pack_json, sales
 from tests.gitrepo import sales_closure as full
 from tests.lifecycle_support import World
@@ -32,7 +33,7 @@ def bind(
 
 def release(
     world: World, commit: str, bindings: list[dict[str, Any]] | None, **kwargs: Any
-) -> dict[str, Any]:
+) -> ApplyResult:
     return world.service.apply(
         world.manifest([world.official("sales", commit)], bindings), **kwargs
     )

@@ -27,8 +27,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.errors import IntegrityFailure, InvalidInput
-from ledger import merkle
-from ledger.merkle import MerkleProofError
+from ledger.log import merkle
+from ledger.log.merkle import MerkleProofError
 
 VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "rfc6962"
 

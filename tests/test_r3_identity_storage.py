@@ -15,8 +15,8 @@ from domain.canonical import canonical_bytes
 from domain.digests import Purpose, digest
 from domain.errors import Conflict
 from domain.identity import PackName
-from ledger.db import Database
-from projections.sqltypes import Binary, dec, enc
+from ledger.log.db import Database
+from ledger.log.sqltypes import Binary, dec, enc
 
 NFC = unicodedata.normalize("NFC", "é")
 NFD = unicodedata.normalize("NFD", "é")

@@ -346,8 +346,8 @@ def test_r19_invalid_requests_name_the_part() -> None:
 
 
 def test_r19_openapi_document_is_current() -> None:
-    from ledger.cli import dump_json
-    from ledger.server import openapi_document
+    from ledger.cli.app import dump_json
+    from ledger.http.app import openapi_document
 
     checked_in = (ROOT / "schema" / "openapi.json").read_text(encoding="utf-8")
     assert checked_in == dump_json(openapi_document()), (

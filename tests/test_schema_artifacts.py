@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.store import ddl
+from ledger.store.init import ddl
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,16 +21,16 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from domain.errors import LedgerError
-from ledger.commands import CommandService
-from ledger.db import open_database
-from ledger.runtime import Ledger
+from ledger.commands.service import CommandService
+from ledger.log.db import open_database
+from ledger.store.runtime import Ledger
 from tests.cli_support import run_cli
 from tests.lifecycle_support import World
 from tests.tcp_proxy import DropMode, MySQLProxy, Packet
@@ -68,8 +68,8 @@ def wait_for_free_lease(world: World) -> None:
 
 
 def attempt(
-    proxy: MySQLProxy, url: str, run: Callable[[CommandService], dict[str, Any]]
-) -> tuple[dict[str, Any] | None, LedgerError | None]:
+    proxy: MySQLProxy, url: str, run: Callable[[CommandService], Mapping[str, Any]]
+) -> tuple[Mapping[str, Any] | None, LedgerError | None]:
     """Run one command on fresh connections through the proxy."""
     service = CommandService(Ledger(open_database(proxy.url(url))), lease_ttl=SHORT_LEASE)
     try:
@@ -90,8 +90,8 @@ def sweep(
     world: World,
     proxy: MySQLProxy,
     mode: DropMode,
-    prepare: Callable[[int], Callable[[CommandService], dict[str, Any]]],
-    retry: Callable[[str], dict[str, Any]],
+    prepare: Callable[[int], Callable[[CommandService], Mapping[str, Any]]],
+    retry: Callable[[str], Mapping[str, Any]],
     *,
     packs: tuple[str, ...],
 ) -> Counter[str]:
@@ -160,7 +160,7 @@ def test_r10_apply_lost_at_every_packet_is_classified_and_applied_once(
     world.service.apply(release(world, 1))
     manifests: dict[str, Path] = {}
 
-    def prepare(n: int) -> Callable[[CommandService], dict[str, Any]]:
+    def prepare(n: int) -> Callable[[CommandService], Mapping[str, Any]]:
         manifest = release(world, n + 2)
         cid = f"{mode.value}-{n}" if n else "count"
         manifests[cid] = manifest
@@ -187,12 +187,12 @@ def test_r10_publish_lost_at_every_packet_is_classified_and_applied_once(
     """Each round binds new content without publishing, then publishes through the proxy."""
     world.service.apply(release(world, 1))
 
-    def prepare(n: int) -> Callable[[CommandService], dict[str, Any]]:
+    def prepare(n: int) -> Callable[[CommandService], Mapping[str, Any]]:
         world.service.apply(release(world, n + 2), publish=False)
         cid = f"{mode.value}-{n}" if n else "count"
         return lambda service: service.publish(command_id=cid)
 
-    def retry(cid: str) -> dict[str, Any]:
+    def retry(cid: str) -> Mapping[str, Any]:
         return world.service.publish(command_id=cid)
 
     # A publish moves no activation: the sweep checks the revision and the record only.
@@ -257,14 +257,14 @@ def test_r10_cli_apply_lost_at_every_writing_commit_exits_typed(
             outcomes["exit-0"] += 1
         prior = recorded_result(world.ledger, cid)
 
-        def retry(cid: str = cid, manifest: Path = manifest) -> dict[str, Any]:
+        def retry(cid: str = cid, manifest: Path = manifest) -> Mapping[str, Any]:
             again = run_cli("--db", world.url, "apply", str(manifest), "--command-id", cid)
             assert again.code == 0, again.stderr
             replay = run_cli(
                 "--db", world.url, "apply", str(manifest), "--command-id", cid, "--json"
             )
             assert replay.code == 0, replay.stdout
-            out: dict[str, Any] = replay.json()
+            out: Mapping[str, Any] = replay.json()
             return out
 
         # The human-readable retry runs first, so the JSON retry is always a replay.

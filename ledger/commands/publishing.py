@@ -14,18 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 from uuid import UUID
 
 import sqlalchemy as sa
+from eventsourcing.domain import Aggregate
 from sqlalchemy.engine import Connection
 
-from domain.canonical import canonical_bytes_trusted
 from domain.catalog import CATALOG_NAME, AudienceBindings, Catalog, audience_bindings_id, catalog_id
-from domain.content import PackContent, fact_hasher
+from domain.coordination import CommandRecord
 from domain.lifecycle import activation_id, generation_id, history_id
-from domain.manifest import BindingSpec
-from ledger.runtime import Ledger, LogReader
+from ledger.commands.core import ServiceCore
+from ledger.commands.results import CatalogCounts, CatalogOutcome, PublishResult
+from ledger.log.sqltypes import dec
+from ledger.store.runtime import Ledger, LogReader
 from projections.catalog_views import (
     AUDIENCE_BINDING,
     CATALOG_ACTIVATION,
@@ -46,16 +48,14 @@ from projections.lifecycle_views import (
     PackGenerationView,
 )
 from projections.queries import require_running
-from projections.sqltypes import dec
 from publisher.catalog import (
     BindingRow,
-    BuiltCatalog,
     CatalogInput,
     Fact,
     PackAuthority,
     ParentState,
-    build_catalog,
 )
+from publisher.planning import BindingChange, PublishPlan, plan_publication
 
 _VIEWS = (
     AudienceBindingView.name,
@@ -214,145 +214,6 @@ def fence_ids(
     return ids
 
 
-@dataclass(frozen=True)
-class PublishPlan:
-    """A validated revision ready to append (or ``None`` when unchanged)."""
-
-    built: BuiltCatalog
-    parent: ParentState
-    event: dict[str, Any] | None
-
-    @property
-    def changed(self) -> bool:
-        return self.event is not None
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "revision": self.event["revision"] if self.event else self.parent.revision,
-            "content_digest": self.built.content_digest,
-            "published": self.changed,
-            "counts": self.built.counts,
-        }
-
-
-def plan_publication(
-    catalog: CatalogInput, parent: ParentState, bindings_position: int | None
-) -> PublishPlan:
-    """Build and validate in memory; describe the revision event if content changed."""
-    built = build_catalog(catalog)
-    if parent.content_digest == built.content_digest:
-        return PublishPlan(built, parent, None)
-    activations, released, audiences = built.delta(parent)
-    event = {
-        "revision": parent.revision + 1,
-        "content_digest": built.content_digest,
-        "activations": activations,
-        "released_packs": released,
-        "audiences": audiences,
-        "counts": built.counts,
-        "bindings_position": bindings_position,
-    }
-    return PublishPlan(built, parent, event)
-
-
-# -- releases: bindings converged together with the packs ---------------------------------
-
-
-@dataclass(frozen=True)
-class BindingChange:
-    """One binding event a release appends."""
-
-    op: str  # "grant", "rebind" or "revoke"
-    row: BindingRow
-    from_install_id: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = {
-            "audience": f"{self.row.audience_kind}:{self.row.audience_id}",
-            "pack": self.row.pack,
-            "kind": self.row.kind,
-            "key": self.row.key,
-            "credential_set": self.row.credential_set,
-        }
-        if self.op != "revoke":
-            out["install_id"] = self.row.install_id
-        if self.from_install_id is not None:
-            out["from_install_id"] = self.from_install_id
-        return out
-
-
-def plan_bindings(
-    current: Iterable[BindingRow],
-    desired: Iterable[BindingSpec] | None,
-    packs: Mapping[str, PackAuthority],
-) -> tuple[list[BindingRow], list[BindingChange]]:
-    """The bindings after a release and the events that get there.
-
-    ``desired`` is the manifest's complete binding set; ``None`` (no
-    ``bindings`` in the manifest) keeps the current set. Either way every
-    binding is bound to its pack's active generation after the release, so
-    what moved is re-bound in the same release (R14).
-    """
-    now: dict[tuple[str, ...], BindingRow] = {row.ident: row for row in current}
-    wanted: dict[tuple[str, ...], BindingRow] = {}
-    specs: Iterable[tuple[str, str, str, str, str, str | None]] = (
-        (
-            (s.audience.kind.value, s.audience.id, s.pack, s.kind, s.key, s.credential_set)
-            for s in desired
-        )
-        if desired is not None
-        else (
-            (r.audience_kind, r.audience_id, r.pack, r.kind, r.key, r.credential_set)
-            for r in now.values()
-        )
-    )
-    for kind, ident, pack, ckind, key, cred in specs:
-        auth = packs.get(pack)
-        row = BindingRow(
-            kind,
-            ident,
-            pack,
-            ckind,
-            key,
-            cred,
-            (auth.install_id if auth else None) or "",
-            (auth.payload_hash if auth else None) or "",
-        )
-        wanted[row.ident] = row
-    changes: list[BindingChange] = []
-    for wanted_key in sorted(wanted):
-        row = wanted[wanted_key]
-        before = now.get(wanted_key)
-        if before is None:
-            changes.append(BindingChange("grant", row))
-        elif (before.install_id, before.payload_hash) != (row.install_id, row.payload_hash):
-            changes.append(BindingChange("rebind", row, before.install_id))
-    changes.extend(BindingChange("revoke", now[i]) for i in sorted(set(now) - set(wanted)))
-    return [wanted[i] for i in sorted(wanted)], changes
-
-
-def content_authority(
-    pack: str, install_id: str, revision: str, epoch: int, content: PackContent
-) -> PackAuthority:
-    """The authority a generation of ``content`` will have once activated."""
-    payload_hash = content.payload_hash_v1
-    digest_of = fact_hasher(pack, install_id, payload_hash)
-    components: dict[tuple[str, str], Fact] = {}
-    for component in content.components:
-        fact = canonical_bytes_trusted(component.to_json())
-        components[(component.kind, component.key)] = Fact.parse(fact, digest_of(fact))
-    return PackAuthority(
-        pack=pack,
-        source_kind="official_repo",
-        install_id=install_id,
-        revision=revision,
-        epoch=epoch,
-        payload_hash=payload_hash,
-        dirty=False,
-        components=components,
-    )
-
-
 def binding_aggregates(
     reader: LogReader, changes: Iterable[BindingChange], versions: Mapping[UUID, int]
 ) -> list[AudienceBindings]:
@@ -408,3 +269,74 @@ def positioned_catalog(reader: LogReader, parent: ParentState, version: int) -> 
         revision=parent.revision,
         content_digest=parent.content_digest,
     )
+
+
+@dataclass(frozen=True)
+class StagedPublication:
+    """A validated revision built in memory, not yet appended."""
+
+    result: PublishResult
+    aggregates: list[Aggregate]
+    fence: dict[UUID, int]
+
+
+def catalog_outcome(plan: PublishPlan) -> CatalogOutcome:
+    """The revision a publication plan leaves in force (new or the parent's)."""
+    return {
+        "revision": plan.event["revision"] if plan.event else plan.parent.revision,
+        "content_digest": plan.built.content_digest,
+        "published": plan.changed,
+        "counts": cast(CatalogCounts, plan.built.counts),
+    }
+
+
+class PublishCommand(ServiceCore):
+    """The ``publish`` command: validate every audience, append one revision (R16)."""
+
+    def publish(self, *, command_id: str | None = None) -> PublishResult:
+        """Validate every audience and append one revision, or nothing if unchanged (R16)."""
+        staged = self.stage_publication(command_id=command_id)
+        if isinstance(staged, StagedPublication):
+            return self.commit_publication(staged)
+        return staged
+
+    def stage_publication(
+        self, *, command_id: str | None = None
+    ) -> PublishResult | StagedPublication:
+        """Read, build and validate the whole revision in memory (no write).
+
+        Returns the final result when there is nothing to append (exact retry or
+        unchanged content), else the staged revision for ``commit_publication``.
+        """
+        request_digest = self.request_digest({"kind": "publish"})
+        with self.ledger.snapshot() as reader:
+            cid = self._command_id(command_id, "publish", request_digest, reader)
+            prior = self.recorded(reader, cid, "publish", request_digest)
+            if prior is not None:
+                return cast(PublishResult, {**prior, "replayed": True})
+            catalog = read_snapshot(self.ledger, reader.conn)
+            publication = plan_publication(catalog.input(), catalog.parent, catalog.position)
+            result: PublishResult = {
+                "command_id": cid,
+                "noop": publication.event is None,
+                "replayed": False,
+                **catalog_outcome(publication),
+            }
+            if publication.event is None:
+                return result
+            used = {row.pack for row in catalog.bindings} | set(catalog.parent.activations)
+            audiences = {row.audience for row in catalog.bindings} | set(catalog.parent.audiences)
+            versions = self.ledger.recorder.versions(
+                reader.conn, fence_ids(catalog, used, audiences)
+            )
+            lineage = positioned_catalog(reader, catalog.parent, versions[catalog_id()])
+        lineage.publish(**{k: v for k, v in publication.event.items() if k != "revision"})
+        record = CommandRecord(
+            command_id=cid, kind="publish", request_digest=request_digest, result=dict(result)
+        )
+        return StagedPublication(result, [lineage, record], versions)
+
+    def commit_publication(self, staged: StagedPublication) -> PublishResult:
+        """Append the staged revision as one event, fenced on everything it read."""
+        self.ledger.app.save(*staged.aggregates, fence=staged.fence)
+        return staged.result

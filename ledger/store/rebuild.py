@@ -15,7 +15,7 @@ from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
 from domain.errors import Unavailable
-from ledger.db import open_database
+from ledger.log.db import open_database
 from projections.runner import GroupBuilder, Progress
 
 
@@ -31,7 +31,7 @@ def _worker(
     done: Synchronized[int],
     results: Any,
 ) -> None:
-    from ledger.runtime import Ledger
+    from ledger.store.runtime import Ledger
 
     db = open_database(url)
     try:

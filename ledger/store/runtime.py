@@ -16,6 +16,7 @@ from eventsourcing.domain import Aggregate, Snapshot
 from eventsourcing.utils import get_topic
 from sqlalchemy.engine import Connection
 
+from domain.classifier import PackState
 from domain.coordination import CommandRecord, Lease, command_record_id, lease_id
 from domain.errors import IntegrityFailure
 from domain.identity import PackName
@@ -25,16 +26,15 @@ from domain.lifecycle import (
     LocalPack,
     PackActivation,
     PackHistory,
-    PackState,
     activation_id,
     generation_id,
     history_id,
     legacy_id,
     local_id,
 )
-from ledger.application import LedgerApplication
-from ledger.db import Database
-from ledger.recorder import LedgerRecorder
+from ledger.log.application import LedgerApplication
+from ledger.log.db import Database
+from ledger.log.recorder import LedgerRecorder
 from projections.registry import ALL_PROJECTIONS
 from projections.runner import ProjectionRunner
 

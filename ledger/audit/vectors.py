@@ -20,8 +20,8 @@ from uuid import UUID
 import orjson
 
 from domain.digests import ZERO_CHAIN, Purpose, aggregate_id, event_id, lp, next_chain, u64
-from ledger import merkle
-from ledger.checkpoint import Checkpoint
+from ledger.log import merkle
+from ledger.log.checkpoint import Checkpoint
 
 ORIGIN = "catalog-ledger/00000000000000000000000000000000"
 _STAMP = "2026-12-01T00:00:00+00:00"

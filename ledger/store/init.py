@@ -17,11 +17,11 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from domain.digests import ZERO_CHAIN
 from domain.errors import IntegrityFailure, InvalidInput
-from ledger import schema
-from ledger.db import Database, translate_errors
-from ledger.runtime import Ledger
+from ledger.log import tables as schema
+from ledger.log.db import Database, translate_errors
+from ledger.log.sqltypes import dec, enc
+from ledger.store.runtime import Ledger
 from projections.registry import public_views
-from projections.sqltypes import dec, enc
 
 DIALECTS = {"sqlite": sqlite.dialect(), "mysql": mysql.dialect()}
 

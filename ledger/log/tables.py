@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from projections.sqltypes import BigInt, Binary, Blob
+from ledger.log.sqltypes import BigInt, Binary, Blob
 
 SCHEMA_VERSION = 1
 

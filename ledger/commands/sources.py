@@ -23,8 +23,9 @@ from urllib.parse import unquote, urlparse
 from domain.canonical import parse_json
 from domain.content import PackContent, parse_pack_content
 from domain.errors import InvalidInput, Unavailable
-from domain.lifecycle import SourceFacts, SourceKind, Target
+from domain.lifecycle import SourceFacts, SourceKind
 from domain.manifest import LocalSource, Manifest, ManifestPack, OfficialSource, parse_manifest
+from domain.matrix import Target
 
 MAX_PACK_BYTES = 64 * 1024 * 1024
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024

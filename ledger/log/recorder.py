@@ -39,9 +39,9 @@ from sqlalchemy.engine import Connection
 from domain.digests import ZERO_CHAIN, event_id, next_chain
 from domain.errors import Conflict, InvalidInput
 from domain.log import LoggedEvent
-from ledger import schema
-from ledger.crashpoints import crashpoint
-from ledger.db import Database, translate_errors
+from ledger.log import tables as schema
+from ledger.log.crashpoints import crashpoint
+from ledger.log.db import Database, translate_errors
 
 Precommit = Callable[[Connection], None]
 InlineHook = Callable[[Connection, Sequence[LoggedEvent]], None]

@@ -25,10 +25,10 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import Environment
 
-from ledger.db import Database
-from ledger.mapper import LogMapper
-from ledger.recorder import InlineHook, LedgerRecorder
-from ledger.transcoder import OrjsonTranscoder
+from ledger.log.db import Database
+from ledger.log.mapper import LogMapper
+from ledger.log.recorder import InlineHook, LedgerRecorder
+from ledger.log.transcoder import OrjsonTranscoder
 
 
 class LedgerFactory(InfrastructureFactory[TrackingRecorder]):

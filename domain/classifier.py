@@ -1,0 +1,179 @@
+"""The one classifier of a pack's lifecycle state (R13).
+
+``classify`` decides every state a pack can be in from the aggregates read in
+one snapshot; an unknown or inconsistent state fails closed and names what it
+found. The command service calls it before any append and again inside the
+append transaction against the locked current state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate
+
+from domain.errors import LifecycleRejected
+from domain.identity import PackName, identity_problem
+from domain.lifecycle import (
+    Generation,
+    GenerationStatus,
+    LegacyRecord,
+    LocalPack,
+    PackActivation,
+    PackHistory,
+    SourceKind,
+    activation_id,
+    history_id,
+    legacy_id,
+    local_id,
+)
+
+# -- the classifier (R13) ------------------------------------------------------------------
+
+
+class Condition(StrEnum):
+    """Every state a pack can be in; anything else is inconsistent and fails closed."""
+
+    ABSENT = "absent"
+    LEGACY_ACTIVE = "legacy_active"
+    LEGACY_INACTIVE = "legacy_inactive"
+    LEGACY_LOCAL = "legacy_local"
+    LOCAL = "local"
+    FIRST_PREPARING = "first_preparing"
+    FIRST_FAILED_CLEAN = "first_failed_clean"
+    FIRST_FAILED_DIRTY = "first_failed_dirty"
+    ACTIVE = "active"
+    ACTIVE_PREPARING = "active_preparing"
+    ACTIVE_FAILED_CLEAN = "active_failed_clean"
+    ACTIVE_FAILED_DIRTY = "active_failed_dirty"
+
+
+ACTIVATED = frozenset(
+    {
+        Condition.ACTIVE,
+        Condition.ACTIVE_PREPARING,
+        Condition.ACTIVE_FAILED_CLEAN,
+        Condition.ACTIVE_FAILED_DIRTY,
+    }
+)
+NEVER_ACTIVATED = frozenset(
+    {Condition.FIRST_PREPARING, Condition.FIRST_FAILED_CLEAN, Condition.FIRST_FAILED_DIRTY}
+)
+LEGACY = frozenset({Condition.LEGACY_ACTIVE, Condition.LEGACY_INACTIVE, Condition.LEGACY_LOCAL})
+PREPARING = frozenset({Condition.FIRST_PREPARING, Condition.ACTIVE_PREPARING})
+DIRTY = frozenset({Condition.FIRST_FAILED_DIRTY, Condition.ACTIVE_FAILED_DIRTY})
+
+
+@dataclass(frozen=True)
+class PackState:
+    """Everything the log says about one pack, read in one consistent snapshot."""
+
+    pack: PackName
+    legacy: LegacyRecord | None = None
+    local: LocalPack | None = None
+    activation: PackActivation | None = None
+    history: PackHistory | None = None
+    newest: Generation | None = None
+    active: Generation | None = None
+
+    def fence(self) -> dict[UUID, int]:
+        """The version of every aggregate a decision about this pack was based on."""
+        versions = {
+            legacy_id(self.pack): _version(self.legacy),
+            local_id(self.pack): _version(self.local),
+            activation_id(self.pack): _version(self.activation),
+            history_id(self.pack): _version(self.history),
+        }
+        for gen in (self.newest, self.active):
+            if gen is not None:
+                versions[gen.id] = gen.version
+        return versions
+
+    @property
+    def next_ordinal(self) -> int:
+        return (len(self.history.attempts) if self.history else 0) + 1
+
+
+def _version(aggregate: Aggregate | None) -> int:
+    return aggregate.version if aggregate is not None else 0
+
+
+def _inconsistent(state: PackState, found: str) -> LifecycleRejected:
+    return LifecycleRejected(
+        f"pack {state.pack!r} is in an inconsistent state: {found}",
+        reason="INCONSISTENT_STATE",
+        rule="R13",
+        pack=state.pack,
+        found=found,
+    )
+
+
+def _check_identity(state: PackState, what: str, value: object) -> None:
+    problem = identity_problem(value)
+    if problem is not None:
+        raise _inconsistent(state, f"{what} {value!r} is not canonical: {problem}")
+
+
+def classify(state: PackState) -> Condition:
+    """The one classifier: every admitted state exactly once; anything else fails closed."""
+    has_history = state.history is not None
+    if state.local is not None:
+        if has_history or state.activation is not None:
+            raise _inconsistent(state, "a local_path record next to generation history")
+        if state.legacy is not None and state.legacy.source_kind != SourceKind.LOCAL_PATH:
+            raise _inconsistent(state, "a local_path record next to an official legacy record")
+        return Condition.LOCAL
+    if not has_history:
+        if state.activation is not None:
+            raise _inconsistent(state, "an activation pointer without generation history")
+        if state.legacy is None:
+            return Condition.ABSENT
+        _check_identity(state, "legacy install id", state.legacy.install_id)
+        if state.legacy.source_kind == SourceKind.LOCAL_PATH:
+            return Condition.LEGACY_LOCAL
+        if state.legacy.status == "active":
+            return Condition.LEGACY_ACTIVE
+        return Condition.LEGACY_INACTIVE
+    assert state.history is not None
+    newest = state.newest
+    if newest is None or newest.install_id != state.history.newest:
+        raise _inconsistent(state, "the newest attempt named by the history is missing")
+    if state.activation is None:
+        if state.legacy is not None:
+            raise _inconsistent(state, "generation history for a legacy pack without adoption")
+        if newest.status is GenerationStatus.PREPARING:
+            return Condition.FIRST_PREPARING
+        if newest.status is GenerationStatus.FAILED_CLEAN:
+            return Condition.FIRST_FAILED_CLEAN
+        if newest.status is GenerationStatus.FAILED_DIRTY:
+            return Condition.FIRST_FAILED_DIRTY
+        raise _inconsistent(state, f"newest attempt is {newest.status.value} but nothing is active")
+    activation = state.activation
+    active = state.active
+    _check_identity(state, "activation install id", activation.install_id)
+    if active is None or active.install_id != activation.install_id:
+        raise _inconsistent(state, "the activation names a generation that is not in the log")
+    if active.status is not GenerationStatus.ACTIVE:
+        raise _inconsistent(
+            state,
+            f"the activation names generation {active.install_id} which is {active.status.value}",
+        )
+    if active.epoch != activation.epoch or active.applied_payload_hash != activation.payload_hash:
+        raise _inconsistent(state, "the active generation and the activation disagree")
+    if activation.epoch < 1:
+        raise _inconsistent(state, f"activation epoch {activation.epoch} is not positive")
+    if newest.install_id == active.install_id:
+        return Condition.ACTIVE
+    if newest.ordinal < active.ordinal:
+        raise _inconsistent(state, "the newest attempt is older than the active generation")
+    if newest.status is GenerationStatus.PREPARING:
+        return Condition.ACTIVE_PREPARING
+    if newest.status is GenerationStatus.FAILED_CLEAN:
+        return Condition.ACTIVE_FAILED_CLEAN
+    if newest.status is GenerationStatus.FAILED_DIRTY:
+        return Condition.ACTIVE_FAILED_DIRTY
+    raise _inconsistent(
+        state, f"newest attempt {newest.install_id} is {newest.status.value} but not selected"
+    )

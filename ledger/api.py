@@ -1,0 +1,447 @@
+"""The public Python API: open a store by URL, then call what the CLI calls.
+
+Operators' automation and runtime services import this instead of shelling
+out. Every CLI command is one method here with the same name and options
+(``catalog-ledger apply M --no-publish`` is ``store.apply(M, publish=False)``),
+returns the same typed result the CLI prints with ``--json``, and raises the
+same typed errors (``domain.errors``) the CLI turns into exit codes::
+
+    from ledger.api import open_store
+
+    with open_store("sqlite:///catalog.db") as store:
+        store.init()
+        result = store.apply("release.json")
+        print(result["catalog"]["revision"], result["catalog"]["content_digest"])
+        view = store.view("integration:erp-sync")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO, TypedDict
+
+from domain.canonical import parse_json
+from domain.errors import IntegrityFailure, InvalidInput, UsageError
+from ledger.audit.export import export_jsonl
+from ledger.audit.history import history, view_at
+from ledger.audit.proofs import MerkleLog, checkpoint, verify_proof
+from ledger.audit.results import (
+    CheckpointNote,
+    ConsistencyProof,
+    HistoryResult,
+    InclusionProof,
+    PastView,
+    ProofCheck,
+)
+from ledger.audit.verify import AuditReport, verify_log
+from ledger.commands.results import ApplyResult, ImportLegacyResult, PublishResult
+from ledger.commands.service import CommandService
+from ledger.commands.sources import load_manifest, read_input_file, resolve_packs
+from ledger.log.checkpoint import Checkpoint, SignerKey, VerifierKey
+from ledger.log.db import Database, open_database, resolve_url
+from ledger.store.init import StoreInfo, init_store, require_schema
+from ledger.store.init import ddl as store_ddl
+from ledger.store.rebuild import default_workers, process_builder
+from ledger.store.runtime import Ledger
+from projections.queries import PackStatus, pack_status
+from projections.reader import AudienceView, CatalogReader, parse_audience, parse_revision
+from projections.runner import ProjectionsStatus, RebuildOutcome
+
+Progress = Callable[[int, int], None]
+
+__all__ = ["Store", "open_store"]
+
+
+class InitResult(TypedDict):
+    engine: str
+    server_version: str
+    schema_version: int
+    head_position: int
+    created: bool
+    db: str
+
+
+class LogHead(TypedDict):
+    position: int
+    chain: str
+
+
+class LogRow(TypedDict):
+    position: int
+    topic: str
+    aggregate_id: str
+    version: int
+    event_id: str
+    chain: str
+
+
+class LogPage(TypedDict):
+    head: LogHead
+    events: list[LogRow]
+
+
+class StatusResult(TypedDict):
+    head: int
+    packs: list[PackStatus]
+
+
+class PackHash(TypedDict):
+    pack: str
+    category: str
+    source: dict[str, Any]
+    components: int
+    payload_hash_v1: str
+    payload_hash_v0: str
+
+
+class ViewCheck(TypedDict):
+    name: str
+    position: int
+    rows: int
+    ok: bool
+    difference: dict[str, Any] | None
+
+
+class ProjectionsVerifyResult(TypedDict):
+    ok: bool
+    views: list[ViewCheck]
+
+
+class CaughtUp(TypedDict):
+    position: int
+    stopped: bool
+
+
+class KeygenResult(TypedDict):
+    signer_key_file: str
+    verifier_key: str
+
+
+def read_text(path: Path, field: str) -> str:
+    """A small UTF-8 input file (keys, checkpoints, proofs), or INVALID naming ``field``."""
+    data = read_input_file(path, field=field, limit=1 << 20)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{path} is not UTF-8 text", field=field) from None
+
+
+def verifier_key(key: str | None) -> VerifierKey | None:
+    """A verifier key given as a file or as its text."""
+    if key is None:
+        return None
+    text = read_text(Path(key), "key") if Path(key).is_file() else key
+    return VerifierKey.parse(text, field="key")
+
+
+def pack_hash(manifest: Path, pack: str) -> PackHash:
+    """The v1 and v0 payload hashes of ``pack``'s content as ``manifest`` resolves it."""
+    loaded = load_manifest(manifest)
+    chosen = [p for p in loaded.packs if p.name == pack]
+    if not chosen:
+        raise InvalidInput(f"pack {pack!r} is not in {manifest}", field="pack")
+    (resolved,) = resolve_packs(chosen, base=manifest.resolve().parent)
+    return {
+        "pack": resolved.name,
+        "category": resolved.content.category,
+        "source": resolved.source.to_json(),
+        "components": len(resolved.content.components),
+        "payload_hash_v1": resolved.content.payload_hash_v1,
+        "payload_hash_v0": resolved.content.payload_hash_v0,
+    }
+
+
+def keygen(name: str, out: Path) -> KeygenResult:
+    """Create an Ed25519 checkpoint signer key at ``out`` (and ``out.pub``)."""
+    if out.exists():
+        raise InvalidInput(f"{out} already exists; refusing to overwrite a key", field="out")
+    key = SignerKey.generate(name)
+    try:
+        out.write_text(key.text() + "\n", encoding="utf-8")
+        out.chmod(0o600)
+        out.with_name(out.name + ".pub").write_text(key.verifier.text() + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {out}: {exc.strerror}", field="out") from None
+    return {"signer_key_file": str(out), "verifier_key": key.verifier.text()}
+
+
+def check_proof(file: Path, checkpoint_file: Path, key: str | None = None) -> ProofCheck:
+    """Verify a proof file offline against a (signed) checkpoint; no store needed."""
+    note = read_text(checkpoint_file, "checkpoint")
+    verifier = verifier_key(key)
+    cp = verifier.verify(note) if verifier else Checkpoint.parse(note)
+    document = parse_json(read_text(file, "file"), source=str(file))
+    if not isinstance(document, dict):
+        raise InvalidInput(f"{file} is not a proof document", field="file")
+    return verify_proof(document, cp)
+
+
+def ddl(dialect: str) -> str:
+    """The DDL of every table for ``dialect`` (``sqlite`` or ``mysql``)."""
+    return store_ddl(dialect)
+
+
+class Store:
+    """One catalog store, opened by URL (SQLite file or MySQL-family server)."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = resolve_url(url)
+        self._db: Database | None = None
+        self._ledger: Ledger | None = None
+
+    # -- lifecycle of the handle ---------------------------------------------------------
+
+    @property
+    def db(self) -> Database:
+        if self._db is None:
+            self._db = open_database(self.url)
+        return self._db
+
+    @property
+    def ledger(self) -> Ledger:
+        """The initialized store (a clear error when ``init`` has not run)."""
+        if self._ledger is None:
+            require_schema(self.db)
+            self._ledger = Ledger(self.db)
+        return self._ledger
+
+    def opener(self) -> Callable[[], Ledger]:
+        """A factory of fresh handles on this store (one per server worker)."""
+        url = self.url
+        return lambda: Ledger(open_database(url))
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+        self._db = self._ledger = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the store -----------------------------------------------------------------------
+
+    def init(self) -> InitResult:
+        """Create the schema (idempotent)."""
+        info: StoreInfo = init_store(self.db)
+        return {
+            "engine": info.engine,
+            "server_version": info.server_version,
+            "schema_version": info.schema_version,
+            "head_position": info.head_position,
+            "created": info.created,
+            "db": self.db.display_url,
+        }
+
+    def log(self, *, from_position: int = 1, limit: int = 50) -> LogPage:
+        """Log rows from ``from_position``: topic, aggregate, version, event id, chain."""
+        recorder = self.ledger.recorder
+        with self.db.read() as conn:
+            head = recorder.head_in(conn)
+            rows = recorder.read_rows(conn, after=from_position - 1, limit=limit)
+        return {
+            "head": {"position": head.position, "chain": head.chain.hex()},
+            "events": [
+                {
+                    "position": r.position,
+                    "topic": r.topic,
+                    "aggregate_id": str(r.aggregate_id),
+                    "version": r.version,
+                    "event_id": r.event_id.hex(),
+                    "chain": r.chain.hex(),
+                }
+                for r in rows
+            ],
+        }
+
+    def status(self) -> StatusResult:
+        """Per pack: active generation, newest attempt, dirty flag."""
+        with self.ledger.db.read() as conn:
+            packs = pack_status(conn)
+            head = self.ledger.recorder.head_in(conn)
+        return {"head": head.position, "packs": packs}
+
+    # -- commands ------------------------------------------------------------------------
+
+    def service(self, *, wait: float = 30.0, lease_ttl: float = 300.0) -> CommandService:
+        return CommandService(self.ledger, lease_wait=wait, lease_ttl=lease_ttl)
+
+    def apply(
+        self,
+        manifest: Path | str,
+        *,
+        command_id: str | None = None,
+        publish: bool = True,
+        wait: float = 30.0,
+        lease_ttl: float = 300.0,
+    ) -> ApplyResult:
+        """Converge the store to a release manifest (packs, bindings, one revision)."""
+        service = self.service(wait=wait, lease_ttl=lease_ttl)
+        return service.apply(Path(manifest), command_id=command_id, publish=publish)
+
+    def publish(self, *, command_id: str | None = None) -> PublishResult:
+        """Validate every audience's closure and publish one revision (if changed)."""
+        return self.service().publish(command_id=command_id)
+
+    def import_legacy(
+        self, file: Path | str, *, command_id: str | None = None
+    ) -> ImportLegacyResult:
+        """Record an existing ``_System_InstalledPack`` table once, so packs can be adopted."""
+        return self.service().import_legacy(Path(file), command_id=command_id)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def view(
+        self,
+        audience: str,
+        *,
+        min_revision: int | str | None = None,
+        at_revision: int | str | None = None,
+    ) -> AudienceView | PastView:
+        """What ``audience`` (``app:<id>`` / ``integration:<id>``) is served, verified.
+
+        With ``at_revision``: what it was served then, replayed from the log alone.
+        """
+        if min_revision is not None and at_revision is not None:
+            raise UsageError("give --min-revision or --at-revision, not both")
+        kind, sep, ident = audience.partition(":")
+        parsed = parse_audience(kind, ident) if sep else parse_audience(audience, "")
+        if at_revision is not None:
+            revision = parse_revision(str(at_revision), field="at_revision")
+            assert revision is not None
+            return view_at(self.ledger, (parsed.kind.value, parsed.id), revision)
+        minimum = None if min_revision is None else parse_revision(str(min_revision))
+        return CatalogReader(self.ledger.db).view(parsed, min_revision=minimum)
+
+    def history(self, pack: str) -> HistoryResult:
+        """Every lifecycle event of ``pack``, from the log alone."""
+        return {"pack": pack, "events": history(self.ledger, pack)}
+
+    def export(self, out: TextIO) -> int:
+        """Write every event as JSON lines (schema/LOG-FORMAT.md); returns the count."""
+        return export_jsonl(self.ledger, out)
+
+    # -- audit ---------------------------------------------------------------------------
+
+    def audit(
+        self,
+        *,
+        from_checkpoint: Path | None = None,
+        key: str | None = None,
+        sources: bool = False,
+        replay: bool = True,
+        views: bool = True,
+        progress: Progress | None = None,
+    ) -> AuditReport:
+        """Verify the whole log; INTEGRITY naming the first bad position if anything fails."""
+        note = read_text(from_checkpoint, "from_checkpoint") if from_checkpoint else None
+        report = verify_log(
+            self.ledger,
+            from_checkpoint=note,
+            verifier=verifier_key(key),
+            replay=replay,
+            views=views,
+            sources=sources,
+            progress=progress,
+        )
+        if not report.ok:
+            first = report.first()
+            assert first is not None
+            where = f"position {first.position}" if first.position else "the log"
+            raise IntegrityFailure(
+                f"audit failed at {where} ({first.check}): {first.message}", **report.to_json()
+            )
+        return report
+
+    def checkpoint(self, *, sign: Path | None = None) -> CheckpointNote:
+        """The C2SP tlog-checkpoint of the log, optionally as a signed note."""
+        cp = checkpoint(self.ledger)
+        note = cp.text()
+        if sign is not None:
+            note = SignerKey.parse(read_text(sign, "sign"), field="sign").sign(note)
+        return {"origin": cp.origin, "size": cp.size, "root": note.split("\n")[2], "note": note}
+
+    def prove(
+        self,
+        *,
+        position: int | None = None,
+        size: int | None = None,
+        from_size: int | None = None,
+        to_size: int | None = None,
+    ) -> InclusionProof | ConsistencyProof:
+        """An inclusion proof (``position``) or a consistency proof (``from_size``)."""
+        if (position is None) == (from_size is None):
+            raise UsageError("give either --position N [--size S] or --from-size A [--to-size B]")
+        log = MerkleLog(self.ledger)
+        if position is not None:
+            return log.inclusion(position, size or log.size())
+        assert from_size is not None
+        return log.consistency(from_size, to_size or log.size())
+
+    # -- projections ---------------------------------------------------------------------
+
+    def projections_status(self) -> ProjectionsStatus:
+        return self.ledger.runner.status(self.ledger.db)
+
+    def rebuild(
+        self,
+        names: Sequence[str] = (),
+        *,
+        workers: int | None = None,
+        progress: Progress | None = None,
+    ) -> dict[str, RebuildOutcome]:
+        """Rebuild views beside the live ones from position 0, then swap atomically."""
+        return self.ledger.runner.rebuild(
+            self.ledger.db,
+            names,
+            progress=progress,
+            builder=process_builder(self.url),
+            workers=workers or default_workers(),
+        )
+
+    def verify_projections(self, names: Sequence[str] = ()) -> ProjectionsVerifyResult:
+        """Compare every live view with a fresh replay, row by row (R21)."""
+        results = self.ledger.runner.verify(self.ledger.db, names)
+        views: list[ViewCheck] = [
+            {
+                "name": r.projection,
+                "position": r.position,
+                "rows": r.rows,
+                "ok": r.ok,
+                "difference": asdict(r.difference) if r.difference else None,
+            }
+            for r in results
+        ]
+        bad = [v for v in views if not v["ok"]]
+        if bad:
+            diff = bad[0]["difference"] or {}
+            raise IntegrityFailure(
+                f"view {diff.get('table')} differs from a fresh replay at key "
+                f"{diff.get('key')}: {diff.get('problem')}",
+                views=views,
+            )
+        return {"ok": True, "views": views}
+
+    def catch_up(self, names: Sequence[str] = ()) -> dict[str, CaughtUp]:
+        """Advance catch-up views to the log head."""
+        done: dict[str, CaughtUp] = {}
+        for p in self.ledger.runner.select(names):
+            if not p.inline:
+                state = self.ledger.runner.catch_up(self.ledger.db, p.name)
+                done[p.name] = {"position": state.position, "stopped": state.stopped}
+        return done
+
+
+def open_store(url: str | None = None) -> Store:
+    """A handle on the store at ``url`` (default: ``$CATALOG_LEDGER_DB`` or ./catalog.db)."""
+    return Store(url)

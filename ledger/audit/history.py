@@ -1,0 +1,113 @@
+"""As-of questions answered from the log alone: a pack's history, an audience's view
+at any revision.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import orjson
+
+from domain.catalog import audience_digest
+from domain.errors import IntegrityFailure, Missing
+from domain.event_types import (
+    EVENT_TYPES,
+    LIFECYCLE_TYPES,
+    T_PREPARED,
+)
+from ledger.audit.replay import CATALOG_TYPES, CatalogReplay
+from ledger.audit.results import HistoryEvent, PastView
+from ledger.store.runtime import Ledger
+
+# -- as-of questions from the log alone -----------------------------------------------------------
+
+
+def history(ledger: Ledger, pack: str) -> list[HistoryEvent]:
+    """Every lifecycle event of ``pack``, in log order, decoded from the log."""
+    out: list[HistoryEvent] = []
+    with ledger.db.read() as conn:
+        for position, _agg, _ver, topic, state, event_id, _chain in ledger.recorder.scan_full(conn):
+            stored = EVENT_TYPES.resolve(topic)
+            name = stored.type.name
+            if name not in LIFECYCLE_TYPES:
+                continue
+            data = stored.upcast(orjson.loads(state))
+            if data.get("pack") != pack:
+                continue
+            summary: dict[str, Any] = {
+                k: data[k]
+                for k in (
+                    "install_id",
+                    "ordinal",
+                    "origin",
+                    "epoch",
+                    "revision",
+                    "dirty",
+                    "reason",
+                    "from_install_id",
+                    "successor_install_id",
+                )
+                if k in data
+            }
+            if name == T_PREPARED:
+                summary["revision"] = data["source"].get("revision")
+                summary["payload_hash"] = data["payload_hash"]
+            # The summary keys are HistoryEvent's optional fields, copied as stored.
+            event = {
+                "position": position,
+                "event": name,
+                "event_id": event_id.hex(),
+                "timestamp": data.get("timestamp"),
+                **summary,
+            }
+            out.append(cast(HistoryEvent, event))
+    return out
+
+
+def view_at(ledger: Ledger, audience: tuple[str, str], revision: int) -> PastView:
+    """What ``audience`` was served at ``revision``, replayed from the log alone."""
+    replay = CatalogReplay(keep=revision)
+    with ledger.db.read() as conn:
+        for position, topic, state in ledger.recorder.scan(
+            conn,
+            after=0,
+            upto=ledger.recorder.head_in(conn).position,
+            topics=EVENT_TYPES.topics_of(CATALOG_TYPES),
+        ):
+            problem = replay.feed(position, *EVENT_TYPES.decode(topic, state))
+            if problem is not None:
+                raise IntegrityFailure(f"the log does not replay: {problem}", position=position)
+            if revision in replay.revisions:
+                break
+    if revision not in replay.revisions:
+        raise Missing(f"revision {revision} was never published")
+    position, built = replay.revisions[revision]
+    kind, ident = audience
+    grants = [g for g in built.grants if (g[0], g[1]) == (kind, ident)]
+    if not grants:
+        raise Missing("no catalog view is published for this audience")
+    facts_by_id = {tuple(f[:4]): f[4] for f in built.facts}
+    fact_rows = sorted({(g[2], g[6], g[3], g[4]) for g in grants})
+    edges = [[g[2], g[3], g[4], g[5], g[6]] for g in grants]
+    entries = [[*f, facts_by_id[f]] for f in fact_rows]
+    return {
+        "audience": f"{kind}:{ident}",
+        "revision": revision,
+        "position": position,
+        "content_digest": built.content_digest,
+        "audience_digest": audience_digest(audience, edges, entries),
+        "grants": [
+            {"pack": e[0], "kind": e[1], "key": e[2], "credential_set": e[3], "install_id": e[4]}
+            for e in edges
+        ],
+        "facts": [
+            {
+                "pack": f[0],
+                "install_id": f[1],
+                "kind": f[2],
+                "key": f[3],
+                "fact_digest": facts_by_id[f],
+            }
+            for f in fact_rows
+        ],
+    }

@@ -1,0 +1,102 @@
+"""What the audit side returns: typed shapes shared by the CLI, HTTP and Python API."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+
+class InclusionProof(TypedDict):
+    """RFC 9162 inclusion proof of one event (hashes base64)."""
+
+    type: Literal["inclusion"]
+    position: int
+    leaf_index: int
+    tree_size: int
+    event_id: str
+    leaf_hash: str
+    proof: list[str]
+    root: str
+
+
+class ConsistencyProof(TypedDict):
+    """RFC 9162 consistency proof between two tree sizes (hashes base64)."""
+
+    type: Literal["consistency"]
+    size1: int
+    size2: int
+    root1: str
+    root2: str
+    proof: list[str]
+
+
+class ProofCheck(TypedDict):
+    """A proof file that verified against a checkpoint."""
+
+    ok: bool
+    type: str
+    position: NotRequired[int]
+    size: NotRequired[int]
+    size1: NotRequired[int]
+    size2: NotRequired[int]
+
+
+class CheckpointNote(TypedDict):
+    origin: str
+    size: int
+    root: str
+    note: str
+
+
+class HistoryEvent(TypedDict):
+    """One lifecycle event of a pack, summarized (``history``)."""
+
+    position: int
+    event: str  # the type name, e.g. generation.prepared
+    event_id: str
+    timestamp: str | None
+    install_id: NotRequired[str]
+    ordinal: NotRequired[int]
+    origin: NotRequired[str]
+    epoch: NotRequired[int]
+    revision: NotRequired[str | None]
+    dirty: NotRequired[bool]
+    reason: NotRequired[str]
+    from_install_id: NotRequired[str | None]
+    successor_install_id: NotRequired[str]
+    payload_hash: NotRequired[str]
+
+
+class HistoryResult(TypedDict):
+    pack: str
+    events: list[HistoryEvent]
+
+
+class PastGrant(TypedDict):
+    pack: str
+    kind: str
+    key: str
+    credential_set: str | None
+    install_id: str
+
+
+class PastFact(TypedDict):
+    pack: str
+    install_id: str
+    kind: str
+    key: str
+    fact_digest: str
+
+
+class PastView(TypedDict):
+    """What an audience was served at a past revision, replayed from the log alone."""
+
+    audience: str
+    revision: int
+    position: int
+    content_digest: str
+    audience_digest: str
+    grants: list[PastGrant]
+    facts: list[PastFact]
+
+
+JsonObject = dict[str, Any]

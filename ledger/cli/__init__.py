@@ -1,0 +1,12 @@
+"""The ``catalog-ledger`` command line: one module per command group, one ``main``.
+
+``app`` holds the group, the conventions (``--json``, exit codes, errors) and
+``run``/``main``; importing this package registers every command group.
+"""
+
+from __future__ import annotations
+
+from ledger.cli import audit, projections, read, store, write
+from ledger.cli.app import cli, dump_json, main, run
+
+__all__ = ["audit", "cli", "dump_json", "main", "projections", "read", "run", "store", "write"]

@@ -1,0 +1,179 @@
+"""The ``catalog-ledger`` command line.
+
+Conventions (DESIGN "CLI conventions"): ``--db`` is global and comes before
+the command; every command takes ``--json`` after its name and then prints
+exactly one JSON document on stdout, result or error. Exit codes: 0 ok,
+1 store unavailable or internal error, 2 usage, 3 invalid input, 4 conflict,
+5 fail-closed authority, 6 integrity. ``main`` is the only entry point and it
+turns every failure into one of those codes; no traceback reaches a user
+unless ``CATALOG_LEDGER_DEBUG=1`` asks for it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+from domain.errors import LedgerError, UsageError
+from ledger.api import Store
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def json_option(func: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print exactly one JSON document on stdout."
+    )(func)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "hex:" + raw.hex()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+def _scrub(value: Any) -> Any:
+    """``value`` with lone surrogates in strings written as ``\\udcff`` text and
+    integers beyond 64 bits as decimal strings (orjson encodes neither)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+        return str(value)
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def dump_json(document: Any) -> str:
+    """One JSON document; never fails on bytes, sets, non-string keys or lone surrogates."""
+    options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+    try:
+        return orjson.dumps(document, option=options, default=_json_default).decode() + "\n"
+    except orjson.JSONEncodeError:
+        # Undecodable bytes of an argument or a file name arrive as lone surrogates
+        # (surrogateescape), which are not UTF-8, and an input may carry a huge
+        # integer: show both as text instead of failing.
+        scrubbed = orjson.dumps(
+            _scrub(document), option=options, default=lambda v: _scrub(_json_default(v))
+        )
+        return scrubbed.decode() + "\n"
+
+
+def emit(as_json: bool, document: Any, human: Callable[[], None]) -> None:
+    """Print a result as JSON or through the human renderer."""
+    if as_json:
+        sys.stdout.write(dump_json(document))
+    else:
+        human()
+
+
+def store() -> Store:
+    """The store of this invocation (``--db``), opened on first use."""
+    obj = click.get_current_context().find_object(Store)
+    assert obj is not None
+    return obj
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--db",
+    "db_url",
+    metavar="URL",
+    default=None,
+    help="Store URL (default: $CATALOG_LEDGER_DB or sqlite:///catalog.db). "
+    "Examples: sqlite:///catalog.db, mysql+pymysql://root@127.0.0.1:3306/test",
+)
+@click.version_option(package_name="catalog-ledger")
+@click.pass_context
+def cli(ctx: click.Context, db_url: str | None) -> None:
+    """Catalog Ledger: an event-sourced catalog publication store."""
+    ctx.obj = Store(db_url)
+    ctx.call_on_close(ctx.obj.close)
+
+
+@contextmanager
+def progress_bar(enabled: bool, label: str, unit: str) -> Iterator[Callable[[int, int], None]]:
+    """A tqdm bar (rate and ETA) when stdout is a terminal; silent otherwise."""
+    if not (enabled and sys.stdout.isatty()):
+        yield lambda done, total: None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(desc=label, unit=unit, unit_scale=True, dynamic_ncols=True)
+    try:
+
+        def update(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        yield update
+    finally:
+        bar.close()
+
+
+def _report(error: LedgerError, as_json: bool) -> int:
+    if as_json:
+        sys.stdout.write(dump_json(error.to_json()))
+    else:
+        click.echo(f"error [{error.code}]: {error.message}", err=True)
+        for key, value in error.details.items():
+            click.echo(f"  {key}: {value}", err=True)
+    return error.exit_code
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run the CLI with ``argv`` and return the exit code (never raises)."""
+    args = list(argv)
+    as_json = "--json" in args
+    try:
+        result = cli.main(args=args, prog_name="catalog-ledger", standalone_mode=False)
+    except click.UsageError as exc:
+        message = exc.format_message()
+        if as_json:
+            return _report(UsageError(message), True)
+        if exc.ctx is not None:
+            click.echo(exc.ctx.get_usage(), err=True)
+        click.echo(f"error [USAGE]: {message}", err=True)
+        return 2
+    except click.ClickException as exc:
+        return _report(UsageError(exc.format_message()), as_json)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except LedgerError as exc:
+        return _report(exc, as_json)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # the last line of defense: never show a traceback
+        if os.environ.get("CATALOG_LEDGER_DEBUG"):
+            traceback.print_exc()
+        internal = LedgerError(
+            f"internal error: {type(exc).__name__}: {exc}",
+            hint="set CATALOG_LEDGER_DEBUG=1 for a traceback and report it",
+        )
+        internal_code = _report(internal, as_json)
+        return internal_code
+    return result if isinstance(result, int) else 0
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(run(sys.argv[1:]))

@@ -1,0 +1,190 @@
+"""Audit commands: ``audit …``, ``history`` and ``export``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from domain.errors import InvalidInput
+from ledger.api import check_proof, keygen
+from ledger.cli.app import cli, dump_json, emit, json_option, progress_bar, store
+
+
+@cli.group("audit")
+def audit_group() -> None:
+    """Verify the log, checkpoints and Merkle proofs (RFC 9162)."""
+
+
+@audit_group.command("keygen")
+@click.argument("name")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Signer key file to create (its .pub sibling gets the verifier key).",
+)
+@json_option
+def audit_keygen(name: str, out: Path, as_json: bool) -> None:
+    """Create an Ed25519 key for signing checkpoints (C2SP signed note format)."""
+    document = keygen(name, out)
+    emit(as_json, document, lambda: click.echo(document["verifier_key"]))
+
+
+@audit_group.command("checkpoint")
+@click.option(
+    "--sign",
+    "sign",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="KEYFILE",
+    help="Sign the checkpoint with this signer key.",
+)
+@json_option
+def audit_checkpoint(sign: Path | None, as_json: bool) -> None:
+    """Print a tlog-checkpoint (origin, size, base64 Merkle root), optionally signed."""
+    document = store().checkpoint(sign=sign)
+    emit(as_json, document, lambda: click.echo(document["note"], nl=False))
+
+
+@audit_group.command("prove")
+@click.option(
+    "--position",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Inclusion proof for the event at this position.",
+)
+@click.option(
+    "--size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tree size for the inclusion proof (default: the log size).",
+)
+@click.option(
+    "--from-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Consistency proof from this tree size ...",
+)
+@click.option(
+    "--to-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="... to this one (default: the log size).",
+)
+def audit_prove(
+    position: int | None, size: int | None, from_size: int | None, to_size: int | None
+) -> None:
+    """Print an inclusion or consistency proof as JSON (RFC 9162)."""
+    proof = store().prove(position=position, size=size, from_size=from_size, to_size=to_size)
+    sys.stdout.write(dump_json(proof))
+
+
+@audit_group.command("verify-proof")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option(
+    "--checkpoint",
+    "checkpoint_file",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Checkpoint (tlog-checkpoint or signed note) to verify against.",
+)
+@click.option(
+    "--key",
+    default=None,
+    metavar="PUBKEY",
+    help="Verifier key (file or text): the checkpoint must be signed by it.",
+)
+@json_option
+def audit_verify_proof(file: Path, checkpoint_file: Path, key: str | None, as_json: bool) -> None:
+    """Verify a proof offline against a checkpoint (no database needed)."""
+    result = check_proof(file, checkpoint_file, key)
+    size = result.get("size", result.get("size2"))
+    emit(as_json, result, lambda: click.echo(f"ok: {result['type']} proof verifies at size {size}"))
+
+
+@audit_group.command("verify")
+@click.option(
+    "--from-checkpoint",
+    "from_checkpoint",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also prove the log extends this earlier checkpoint.",
+)
+@click.option(
+    "--key", default=None, metavar="PUBKEY", help="Verifier key the checkpoint must be signed by."
+)
+@click.option("--sources", is_flag=True, help="Re-read every official source from git.")
+@click.option("--no-replay", is_flag=True, help="Only chain and Merkle root (fast).")
+@click.option("--no-views", is_flag=True, help="Do not compare live views with a replay.")
+@json_option
+def audit_verify(
+    from_checkpoint: Path | None,
+    key: str | None,
+    sources: bool,
+    no_replay: bool,
+    no_views: bool,
+    as_json: bool,
+) -> None:
+    """Recompute every event id, the chain, the Merkle root, every lifecycle transition
+    and catalog digest; report ok or the first bad position and what is wrong there."""
+    with progress_bar(not as_json, "audit", "ev") as progress:
+        report = store().audit(
+            from_checkpoint=from_checkpoint,
+            key=key,
+            sources=sources,
+            replay=not no_replay,
+            views=not no_views,
+            progress=progress,
+        )
+    document = report.to_json()
+
+    def human() -> None:
+        click.echo(
+            f"ok: {report.size} events, root {document['root']}, "
+            f"{report.revisions} catalog revision(s); checked {', '.join(report.checks)}"
+        )
+
+    emit(as_json, document, human)
+
+
+@cli.command()
+@click.option("--pack", required=True, help="Pack name (exact bytes).")
+@json_option
+def history(pack: str, as_json: bool) -> None:
+    """Every lifecycle event of a pack, read from the log alone."""
+    document = store().history(pack)
+    events = document["events"]
+
+    def human() -> None:
+        for e in events:
+            extra = " ".join(
+                f"{k}={e[k]}"
+                for k in ("install_id", "epoch", "revision", "reason")
+                if e.get(k) is not None
+            )
+            click.echo(f"{e['position']:>8}  {e['event']:<26} {extra}")
+
+    emit(as_json, document, human)
+
+
+@cli.command("export")
+@click.option("--jsonl", is_flag=True, required=True, help="One JSON document per event.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="File to write (default: stdout).",
+)
+def export(jsonl: bool, out: Path | None) -> None:
+    """Export every event with position, ids, chain and decoded state."""
+    if out is None:
+        store().export(sys.stdout)
+        return
+    try:
+        with out.open("w", encoding="utf-8") as handle:
+            count = store().export(handle)
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {out}: {exc.strerror}", field="out") from None
+    click.echo(f"{count} events written to {out}", err=True)

@@ -1,0 +1,147 @@
+"""Write commands: ``apply``, ``publish``, ``import-legacy`` and ``pack hash``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ledger.api import pack_hash as hashes_of
+from ledger.cli.app import cli, emit, json_option, store
+
+
+@cli.command()
+@click.argument("manifest", type=click.Path(path_type=Path))
+@click.option(
+    "--command-id",
+    default=None,
+    metavar="ID",
+    help="Idempotency key (default: derived from the manifest and the log head).",
+)
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for the writer lease held by another process.",
+)
+@click.option(
+    "--lease-ttl",
+    type=click.FloatRange(min=0.1),
+    default=300.0,
+    show_default=True,
+    help="Seconds the writer lease lasts: if this process dies holding it, the next "
+    "writer waits this long before recovering its work (R12).",
+)
+@click.option(
+    "--publish/--no-publish",
+    default=True,
+    show_default=True,
+    help="Publish the catalog revision in the same append (validated either way).",
+)
+@json_option
+def apply(
+    manifest: Path,
+    command_id: str | None,
+    wait: float,
+    lease_ttl: float,
+    publish: bool,
+    as_json: bool,
+) -> None:
+    """Converge the store to a release manifest (packs, then bindings and publication)."""
+    result = store().apply(
+        manifest, command_id=command_id, publish=publish, wait=wait, lease_ttl=lease_ttl
+    )
+
+    def human() -> None:
+        state = (
+            "replayed (already recorded)"
+            if result["replayed"]
+            else ("no changes" if result["noop"] else "applied")
+        )
+        click.echo(f"apply {result['command_id']}: {state}")
+        for item in result["recovered"]:
+            click.echo(
+                f"  recovered abandoned attempt {item['pack']} {item['install_id']} -> failed_dirty"
+            )
+        for pack in result["packs"]:
+            extra = ""
+            if pack.get("install_id"):
+                extra = f" install_id={pack['install_id']}"
+            if pack.get("epoch"):
+                extra += f" epoch={pack['epoch']}"
+            click.echo(f"  {pack['pack']}: {pack['decision']}{extra}")
+        bindings = result["bindings"]
+        moved = [(k, len(bindings[k])) for k in ("granted", "rebound", "revoked")]
+        if any(n for _, n in moved):
+            click.echo("  bindings: " + ", ".join(f"{n} {k}" for k, n in moved if n))
+        catalog = result["catalog"]
+        verb = "published" if catalog["published"] else "unchanged"
+        click.echo(
+            f"  catalog revision {catalog['revision']} ({verb}) digest {catalog['content_digest']}"
+        )
+
+    emit(as_json, result, human)
+
+
+@cli.command()
+@click.option("--command-id", default=None, metavar="ID", help="Idempotency key.")
+@json_option
+def publish(command_id: str | None, as_json: bool) -> None:
+    """Validate every audience's closure and publish one catalog revision (if changed)."""
+    result = store().publish(command_id=command_id)
+
+    def human() -> None:
+        if result["replayed"]:
+            state = "replayed (already recorded)"
+        elif result["noop"]:
+            state = "unchanged, nothing published"
+        else:
+            state = "published"
+        click.echo(f"publish {result['command_id']}: {state}")
+        click.echo(f"  revision {result['revision']} digest {result['content_digest']}")
+        counts = result["counts"]
+        click.echo(
+            f"  {counts['audiences']} audience(s), {counts['grants']} grant(s), "
+            f"{counts['facts']} fact(s), {counts['activations']} pack(s)"
+        )
+
+    emit(as_json, result, human)
+
+
+@cli.command("import-legacy")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--command-id", default=None, metavar="ID", help="Idempotency key.")
+@json_option
+def import_legacy(file: Path, command_id: str | None, as_json: bool) -> None:
+    """Record an existing _System_InstalledPack table once, so packs can be adopted."""
+    result = store().import_legacy(file, command_id=command_id)
+
+    def human() -> None:
+        click.echo(
+            f"import-legacy {result['command_id']}: imported "
+            f"{len(result['imported'])}, unchanged {len(result['unchanged'])}"
+        )
+
+    emit(as_json, result, human)
+
+
+@cli.group("pack")
+def pack_group() -> None:
+    """Pack content tools."""
+
+
+@pack_group.command("hash")
+@click.argument("manifest", type=click.Path(path_type=Path))
+@click.argument("pack")
+@json_option
+def pack_hash(manifest: Path, pack: str, as_json: bool) -> None:
+    """Print the v1 and v0 payload hashes of PACK's content as MANIFEST resolves it."""
+    document = hashes_of(manifest, pack)
+
+    def human() -> None:
+        click.echo(f"{document['pack']}: {document['components']} component(s)")
+        click.echo(f"  v1 {document['payload_hash_v1']}")
+        click.echo(f"  v0 {document['payload_hash_v0']}")
+
+    emit(as_json, document, human)

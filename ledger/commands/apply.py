@@ -1,0 +1,356 @@
+"""``apply``: converge the store to a release manifest (packs, bindings, one revision).
+
+1. resolve every pack of the manifest and read its state in one snapshot;
+2. decide (install, adopt, advance, local update, unchanged) and reject,
+   naming every pack and reason, before any append;
+3. under the writer lease: recover abandoned attempts, prepare candidates,
+   then activate every candidate, re-bind and publish in one final append (R8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal, cast
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate
+
+from domain.catalog import catalog_id
+from domain.classifier import PackState
+from domain.coordination import CommandRecord
+from domain.errors import LedgerError
+from domain.identity import PackName
+from domain.lifecycle import install_id_for
+from domain.manifest import BindingSpec
+from domain.matrix import Command, Decision, after_recovery, decide
+from ledger.commands.core import WRITER_LEASE, LeaseHandle
+from ledger.commands.publishing import (
+    CatalogSnapshot,
+    PublishCommand,
+    binding_aggregates,
+    fence_ids,
+    positioned_catalog,
+    read_snapshot,
+)
+from ledger.commands.results import (
+    ApplyResult,
+    BindingChanges,
+    BindingOutcome,
+    CatalogCounts,
+    PackOutcome,
+    RecoveredAttempt,
+)
+from ledger.commands.sources import ResolvedPack, resolve_manifest
+from ledger.commands.steps import LifecycleSteps
+from projections.queries import preparing_generations
+from publisher.catalog import CatalogInput, PackAuthority
+from publisher.planning import (
+    BindingChange,
+    PublishPlan,
+    content_authority,
+    plan_bindings,
+    plan_publication,
+)
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one ``apply`` appends besides lifecycle events."""
+
+    changes: list[BindingChange]
+    publication: PublishPlan
+    fence_ids: list[UUID]
+    noop: bool
+    authorities: dict[str, PackAuthority]
+
+
+def _after_recovery(catalog: CatalogSnapshot, abandoned: set[str]) -> CatalogSnapshot:
+    """The publisher's input once the next lease holder has recovered ``abandoned`` packs:
+    their newest attempt is failed_dirty, which blocks publication (R12)."""
+    packs = {p: replace(a, dirty=True) if p in abandoned else a for p, a in catalog.packs.items()}
+    return replace(catalog, packs=packs)
+
+
+class ApplyCommand(LifecycleSteps, PublishCommand):
+    """The ``apply`` command."""
+
+    def apply(
+        self, manifest_path: Path, *, command_id: str | None = None, publish: bool = True
+    ) -> ApplyResult:
+        """Converge the store to a release manifest: packs, bindings, one published revision.
+
+        Everything knowable is validated before any append: every pack's
+        lifecycle step (R11) and the complete catalog the release would publish
+        (R15, R16) — a rejected closure appends nothing at all. Then, under the
+        writer lease: prepare candidates, and one final append activating them,
+        converging bindings and publishing the revision (R8, R16). With
+        ``publish=False`` the release is validated the same way but the revision
+        is left to a later ``publish``.
+        """
+        manifest, resolved = resolve_manifest(manifest_path)
+        request = {
+            "kind": "apply",
+            "packs": [
+                {
+                    "pack": r.name,
+                    "source_kind": r.source.kind.value,
+                    "revision": r.source.revision,
+                    "payload_hash": r.content.payload_hash_v1,
+                    "category": r.content.category,
+                }
+                for r in resolved
+            ],
+            "bindings": None
+            if manifest.bindings is None
+            else [list(b.sort_key()) for b in manifest.bindings],
+            "publish": publish,
+        }
+        request_digest = self.request_digest(request)
+        with self.ledger.snapshot() as reader:
+            cid = self._command_id(command_id, "apply", request_digest, reader)
+            prior = self.recorded(reader, cid, "apply", request_digest)
+            if prior is not None:
+                return cast(ApplyResult, {**prior, "replayed": True})
+            states = {
+                PackName.trusted(r.name): reader.pack_state(PackName.trusted(r.name))
+                for r in resolved
+            }
+            catalog = read_snapshot(self.ledger, reader.conn)
+            lease = reader.lease(WRITER_LEASE)
+            abandoned = {pack for pack, _ in preparing_generations(reader.conn)}
+        recovered_states = {p: after_recovery(s) for p, s in states.items()}
+        plan = self._plan(resolved, recovered_states)
+        preview = self._release(
+            resolved,
+            plan,
+            recovered_states,
+            catalog,
+            manifest.bindings,
+            candidates=None,
+            publish=publish,
+        )
+        if preview.noop:
+            return self._result(cid, resolved, plan, {}, preview, recovered=[], noop=True)
+        if abandoned and (lease is None or lease.is_free(self._now_us())):
+            # This release will be the next lease holder: its recovery turns every
+            # abandoned attempt into failed_dirty (R12), so judge the catalog it will
+            # publish after that, before any append (R11).
+            self._release(
+                resolved,
+                plan,
+                recovered_states,
+                _after_recovery(catalog, abandoned),
+                manifest.bindings,
+                candidates=None,
+                publish=publish,
+            )
+        with self.leased() as handle:
+            with self.ledger.snapshot() as reader:
+                states = {p: reader.pack_state(p) for p in states}
+            plan = self._plan(resolved, states)
+            to_prepare = [
+                (r, cmd)
+                for r in resolved
+                for decision, cmd in [plan[r.name]]
+                if cmd is not None and decision in (Decision.INSTALL, Decision.ADVANCE)
+            ]
+            candidates = self.prepare(handle, to_prepare) if to_prepare else {}
+            try:
+                return self._finish(
+                    handle,
+                    cid,
+                    request_digest,
+                    resolved,
+                    plan,
+                    candidates,
+                    manifest.bindings,
+                    publish=publish,
+                )
+            except LedgerError as exc:
+                self._abandon(handle, candidates, exc)
+                raise
+
+    def _finish(
+        self,
+        handle: LeaseHandle,
+        cid: str,
+        request_digest: str,
+        resolved: Sequence[ResolvedPack],
+        plan: Mapping[str, tuple[Decision, Command | None]],
+        candidates: Mapping[str, str],
+        desired: Sequence[BindingSpec] | None,
+        *,
+        publish: bool,
+    ) -> ApplyResult:
+        """The final append of a release: activations + bindings + revision + record."""
+        with self.ledger.snapshot() as reader:
+            states = {
+                PackName.trusted(r.name): reader.pack_state(PackName.trusted(r.name))
+                for r in resolved
+            }
+            catalog = read_snapshot(self.ledger, reader.conn)
+            release = self._release(
+                resolved, plan, states, catalog, desired, candidates=candidates, publish=publish
+            )
+            versions = self.ledger.recorder.versions(reader.conn, release.fence_ids)
+            extra: list[Aggregate] = list(binding_aggregates(reader, release.changes, versions))
+            if release.publication.event is not None:
+                lineage = positioned_catalog(reader, catalog.parent, versions[catalog_id()])
+                lineage.publish(
+                    **{k: v for k, v in release.publication.event.items() if k != "revision"}
+                )
+                extra.append(lineage)
+        result = self._result(
+            cid, resolved, plan, candidates, release, recovered=list(handle.recovered), noop=False
+        )
+        record = CommandRecord(
+            command_id=cid, kind="apply", request_digest=request_digest, result=dict(result)
+        )
+        self.activate(
+            handle,
+            candidates,
+            adoptions=[r for r in resolved if plan[r.name][0] is Decision.ADOPT],
+            local_updates=[r for r in resolved if plan[r.name][0] is Decision.LOCAL_UPDATE],
+            record=record,
+            extra=extra,
+            fence=versions,
+            states=states,
+        )
+        return result
+
+    def _release(
+        self,
+        resolved: Sequence[ResolvedPack],
+        plan: Mapping[str, tuple[Decision, Command | None]],
+        states: Mapping[PackName, PackState],
+        catalog: CatalogSnapshot,
+        desired: Sequence[BindingSpec] | None,
+        *,
+        candidates: Mapping[str, str] | None,
+        publish: bool,
+    ) -> Release:
+        """What the release will serve: simulated authorities, bindings, the revision.
+
+        With ``candidates=None`` (preflight) install ids are predicted exactly as
+        ``prepare`` will mint them; validation raises before anything is written.
+        """
+        packs = dict(catalog.packs)
+        for r in resolved:
+            decision, _ = plan[r.name]
+            state = states[PackName.trusted(r.name)]
+            revision = r.source.revision or ""
+            if decision in (Decision.INSTALL, Decision.ADVANCE):
+                install_id = (candidates or {}).get(r.name) or install_id_for(
+                    r.name, revision, r.content.payload_hash_v1, state.next_ordinal
+                )
+                epoch = state.activation.epoch + 1 if state.activation else 1
+                packs[r.name] = content_authority(r.name, install_id, revision, epoch, r.content)
+            elif decision is Decision.ADOPT:
+                assert state.legacy is not None
+                packs[r.name] = content_authority(
+                    r.name, state.legacy.install_id, revision, 1, r.content
+                )
+            elif decision is Decision.LOCAL_UPDATE:
+                packs[r.name] = PackAuthority(pack=r.name, source_kind="local_path")
+        rows, changes = plan_bindings(catalog.bindings, desired, packs)
+        publication = plan_publication(CatalogInput(rows, packs), catalog.parent, None)
+        if not publish:
+            publication = PublishPlan(publication.built, publication.parent, None)
+        used = {row.pack for row in rows} | set(catalog.parent.activations)
+        audiences = (
+            {row.audience for row in rows}
+            | {c.row.audience for c in changes}
+            | set(catalog.parent.audiences)
+        )
+        unchanged = all(plan[r.name][0] is Decision.UNCHANGED for r in resolved)
+        return Release(
+            changes=changes,
+            publication=publication,
+            fence_ids=fence_ids(catalog, used, audiences),
+            noop=unchanged and not changes and not publication.changed,
+            authorities=packs,
+        )
+
+    def _plan(
+        self, resolved: Sequence[ResolvedPack], states: Mapping[PackName, PackState]
+    ) -> dict[str, tuple[Decision, Command | None]]:
+        plan: dict[str, tuple[Decision, Command | None]] = {}
+        commands: dict[PackName, Command] = {}
+        for r in resolved:
+            pack = PackName.trusted(r.name)
+            decision, command = decide(states[pack], r.target)
+            plan[r.name] = (decision, command)
+            if command is not None:
+                commands[pack] = command
+        self._check(commands, states)
+        return plan
+
+    def _abandon(
+        self, handle: LeaseHandle, candidates: Mapping[str, str], cause: LedgerError
+    ) -> None:
+        """Close our own candidates as failed_clean when activation was refused."""
+        for pack, install_id in candidates.items():
+            # If this fails too, the next lease holder recovers it as failed_dirty.
+            with suppress(LedgerError):
+                self.fail(
+                    handle,
+                    pack,
+                    install_id,
+                    dirty=False,
+                    reason=f"activation refused: {cause.code}: {cause.message}"[:500],
+                )
+
+    @staticmethod
+    def _result(
+        cid: str,
+        resolved: Sequence[ResolvedPack],
+        plan: Mapping[str, tuple[Decision, Command | None]],
+        candidates: Mapping[str, str],
+        release: Release,
+        *,
+        recovered: list[RecoveredAttempt],
+        noop: bool,
+    ) -> ApplyResult:
+        event = release.publication.event
+        packs: list[PackOutcome] = []
+        for r in resolved:
+            decision = plan[r.name][0]
+            authority = release.authorities.get(r.name)
+            moved = decision in (Decision.INSTALL, Decision.ADVANCE, Decision.ADOPT)
+            epoch = authority.epoch if authority is not None and moved else None
+            packs.append(
+                {
+                    "pack": r.name,
+                    "decision": decision.value,
+                    "source_kind": r.source.kind.value,
+                    "revision": r.source.revision,
+                    "payload_hash": r.content.payload_hash_v1,
+                    "install_id": candidates.get(r.name),
+                    "epoch": epoch,
+                }
+            )
+        bindings: BindingChanges = {"granted": [], "rebound": [], "revoked": []}
+        names: dict[str, Literal["granted", "rebound", "revoked"]] = {
+            "grant": "granted",
+            "rebind": "rebound",
+            "revoke": "revoked",
+        }
+        for change in release.changes:
+            bindings[names[change.op]].append(cast(BindingOutcome, change.to_json()))
+        return {
+            "command_id": cid,
+            "noop": noop,
+            "replayed": False,
+            "packs": packs,
+            "bindings": bindings,
+            "catalog": {
+                "revision": event["revision"] if event else release.publication.parent.revision,
+                "content_digest": release.publication.built.content_digest,
+                "published": event is not None,
+                "counts": cast(CatalogCounts, release.publication.built.counts),
+            },
+            "recovered": recovered,
+        }

@@ -1,0 +1,96 @@
+"""What each command returns: one typed shape shared by the CLI, HTTP and Python API.
+
+Command results are recorded in the log (``command.recorded``) and an exact
+retry returns the recorded result (R10), so a result is a JSON object by
+nature: these are ``TypedDict`` declarations of that object. mypy checks
+every producer and consumer against them, ``--json`` prints them unchanged,
+and a result read back from a 0.1 log needs no conversion.
+"""
+
+from __future__ import annotations
+
+from typing import NotRequired, TypedDict
+
+
+class PackOutcome(TypedDict):
+    """What ``apply`` did with one pack of the manifest."""
+
+    pack: str
+    decision: str  # install | adopt | advance | local_install | local_update | unchanged | …
+    source_kind: str
+    revision: str | None
+    payload_hash: str
+    install_id: str | None
+    epoch: int | None
+
+
+class BindingOutcome(TypedDict):
+    """One binding event of a release."""
+
+    audience: str
+    pack: str
+    kind: str
+    key: str
+    credential_set: str | None
+    install_id: NotRequired[str]  # absent on revocations
+    from_install_id: NotRequired[str]  # re-bindings only
+
+
+class BindingChanges(TypedDict):
+    granted: list[BindingOutcome]
+    rebound: list[BindingOutcome]
+    revoked: list[BindingOutcome]
+
+
+class CatalogCounts(TypedDict):
+    activations: int
+    audiences: int
+    facts: int
+    grants: int
+
+
+class CatalogOutcome(TypedDict):
+    """The catalog revision a release or ``publish`` left in force."""
+
+    revision: int
+    content_digest: str
+    published: bool
+    counts: CatalogCounts
+
+
+class RecoveredAttempt(TypedDict):
+    """An abandoned ``preparing`` attempt the lease holder turned ``failed_dirty`` (R12)."""
+
+    pack: str
+    install_id: str
+
+
+class ApplyResult(TypedDict):
+    command_id: str
+    noop: bool
+    replayed: bool
+    packs: list[PackOutcome]
+    bindings: BindingChanges
+    catalog: CatalogOutcome
+    recovered: list[RecoveredAttempt]
+
+
+class PublishResult(TypedDict):
+    command_id: str
+    noop: bool
+    replayed: bool
+    revision: int
+    content_digest: str
+    published: bool
+    counts: CatalogCounts
+
+
+class ImportLegacyResult(TypedDict):
+    command_id: str
+    noop: bool
+    replayed: bool
+    imported: list[str]
+    unchanged: list[str]
+
+
+CommandResult = ApplyResult | PublishResult | ImportLegacyResult

@@ -1,0 +1,182 @@
+"""Single lifecycle steps: prepare candidates, activate them atomically, fail them (R6-R9)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate
+
+from domain.classifier import PackState
+from domain.coordination import CommandRecord
+from domain.identity import PackName
+from domain.lifecycle import (
+    Generation,
+    LocalPack,
+    Origin,
+    PackActivation,
+    PackHistory,
+    install_id_for,
+)
+from domain.matrix import Activate, Adopt, Command, Fail, LocalUpdate
+from ledger.commands.core import LeaseHandle
+from ledger.commands.leases import LeaseCommands
+from ledger.commands.sources import ResolvedPack
+
+
+class LifecycleSteps(LeaseCommands):
+    """One checked append per step; ``apply`` composes them."""
+
+    def prepare(
+        self, handle: LeaseHandle, items: Sequence[tuple[ResolvedPack, Command]]
+    ) -> dict[str, str]:
+        """Record fresh candidates (install or advance); returns pack -> install id."""
+        commands = {PackName.trusted(r.name): cmd for r, cmd in items}
+        created: dict[str, str] = {}
+
+        def build(states: Mapping[PackName, PackState]) -> list[Aggregate]:
+            out: list[Aggregate] = []
+            for resolved, _ in items:
+                state = states[PackName.trusted(resolved.name)]
+                revision = resolved.source.revision
+                assert revision is not None
+                origin = Origin.ADVANCE if state.activation is not None else Origin.INSTALL
+                install_id = install_id_for(
+                    resolved.name, revision, resolved.content.payload_hash_v1, state.next_ordinal
+                )
+                generation = Generation(
+                    pack=resolved.name,
+                    install_id=install_id,
+                    ordinal=state.next_ordinal,
+                    origin=origin.value,
+                    category=resolved.content.category,
+                    source=resolved.source.to_json(),
+                    payload_hash=resolved.content.payload_hash_v1,
+                    components=resolved.content.canonical_set(),
+                    from_install_id=state.activation.install_id if state.activation else None,
+                )
+                history = state.history
+                if history is None:
+                    history = PackHistory(
+                        pack=resolved.name, install_id=install_id, origin=origin.value
+                    )
+                else:
+                    history.attempt(install_id=install_id, origin=origin.value)
+                out.extend([generation, history])
+                created[resolved.name] = install_id
+            return out
+
+        self.checked_append(handle, commands, build)
+        return created
+
+    def activate(
+        self,
+        handle: LeaseHandle,
+        candidates: Mapping[str, str],
+        *,
+        adoptions: Sequence[ResolvedPack] = (),
+        local_updates: Sequence[ResolvedPack] = (),
+        record: CommandRecord | None = None,
+        extra: Sequence[Aggregate] = (),
+        fence: Mapping[UUID, int] | None = None,
+        states: Mapping[PackName, PackState] | None = None,
+    ) -> dict[str, int]:
+        """One append (R8): candidates active, pointers +1, predecessors retired,
+        adoptions and local in-place updates recorded; returns pack -> epoch."""
+        commands: dict[PackName, Command] = {
+            PackName.trusted(p): Activate(i) for p, i in candidates.items()
+        }
+        for resolved in adoptions:
+            commands[PackName.trusted(resolved.name)] = Adopt(resolved.target)
+        for resolved in local_updates:
+            commands[PackName.trusted(resolved.name)] = LocalUpdate(resolved.target)
+        epochs: dict[str, int] = {}
+
+        def build(states: Mapping[PackName, PackState]) -> list[Aggregate]:
+            out: list[Aggregate] = []
+            for pack in candidates:
+                state = states[PackName.trusted(pack)]
+                generation = state.newest
+                assert generation is not None
+                if state.activation is None:
+                    generation.activate(epoch=1)
+                    out.extend([generation, PackActivation.start(generation)])
+                    epochs[pack] = 1
+                else:
+                    epoch = state.activation.epoch + 1
+                    previous = state.active
+                    assert previous is not None
+                    generation.activate(epoch=epoch)
+                    state.activation.advance(generation)
+                    previous.retire(successor_install_id=generation.install_id, epoch=epoch)
+                    out.extend([generation, state.activation, previous])
+                    epochs[pack] = epoch
+            for resolved in adoptions:
+                out.extend(self._adopt(states[PackName.trusted(resolved.name)], resolved))
+                epochs[resolved.name] = 1
+            for resolved in local_updates:
+                out.append(self._local(states[PackName.trusted(resolved.name)], resolved))
+            return out
+
+        self.checked_append(
+            handle,
+            commands,
+            build,
+            extra=[*extra, *([record] if record else [])],
+            fence=fence,
+            states=states,
+        )
+        return epochs
+
+    @staticmethod
+    def _adopt(state: PackState, resolved: ResolvedPack) -> list[Aggregate]:
+        legacy = state.legacy
+        assert legacy is not None
+        generation = Generation(
+            pack=resolved.name,
+            install_id=legacy.install_id,
+            ordinal=1,
+            origin=Origin.ADOPT.value,
+            category=resolved.content.category,
+            source=resolved.source.to_json(),
+            payload_hash=resolved.content.payload_hash_v1,
+            components=resolved.content.canonical_set(),
+            from_install_id=None,
+        )
+        generation.activate(epoch=1)
+        history = PackHistory(
+            pack=resolved.name, install_id=legacy.install_id, origin=Origin.ADOPT.value
+        )
+        return [generation, PackActivation.start(generation), history]
+
+    @staticmethod
+    def _local(state: PackState, resolved: ResolvedPack) -> LocalPack:
+        facts = {
+            "category": resolved.content.category,
+            "locator": resolved.source.locator,
+            "path": resolved.source.path,
+            "payload_hash": resolved.content.payload_hash_v1,
+        }
+        if state.local is not None:
+            state.local.update(**facts)
+            return state.local
+        install_id = (
+            state.legacy.install_id
+            if state.legacy is not None
+            else install_id_for(resolved.name, "local_path", resolved.content.payload_hash_v1, 1)
+        )
+        return LocalPack(pack=resolved.name, install_id=install_id, **facts)
+
+    def fail(
+        self, handle: LeaseHandle, pack: str, install_id: str, *, dirty: bool, reason: str
+    ) -> None:
+        """Terminate the attempt in progress as ``failed_clean`` or ``failed_dirty``."""
+        commands: dict[PackName, Command] = {PackName(pack): Fail(install_id)}
+
+        def build(states: Mapping[PackName, PackState]) -> list[Aggregate]:
+            newest = states[PackName(pack)].newest
+            assert newest is not None
+            newest.fail(dirty=dirty, reason=reason)
+            return [newest]
+
+        self.checked_append(handle, commands, build)

@@ -1,0 +1,167 @@
+"""Planning a release's publication from given inputs (pure: imports only ``domain``).
+
+``plan_publication`` builds and validates the whole revision in memory and
+describes the one event that publishes it (R16, R17), or nothing when the
+content is unchanged. ``plan_bindings`` turns a manifest's binding set into
+the bindings after the release and the grant/rebind/revoke events that get
+there (R14). ``content_authority`` is the authority a candidate generation
+will have once activated, so a release is validated before anything moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from domain.canonical import canonical_bytes_trusted
+from domain.content import PackContent, fact_hasher
+from domain.manifest import BindingSpec
+from publisher.catalog import (
+    BindingRow,
+    BuiltCatalog,
+    CatalogInput,
+    Fact,
+    PackAuthority,
+    ParentState,
+    build_catalog,
+)
+
+
+@dataclass(frozen=True)
+class PublishPlan:
+    """A validated revision ready to append (or ``None`` when unchanged)."""
+
+    built: BuiltCatalog
+    parent: ParentState
+    event: dict[str, Any] | None
+
+    @property
+    def changed(self) -> bool:
+        return self.event is not None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "revision": self.event["revision"] if self.event else self.parent.revision,
+            "content_digest": self.built.content_digest,
+            "published": self.changed,
+            "counts": self.built.counts,
+        }
+
+
+def plan_publication(
+    catalog: CatalogInput, parent: ParentState, bindings_position: int | None
+) -> PublishPlan:
+    """Build and validate in memory; describe the revision event if content changed."""
+    built = build_catalog(catalog)
+    if parent.content_digest == built.content_digest:
+        return PublishPlan(built, parent, None)
+    activations, released, audiences = built.delta(parent)
+    event = {
+        "revision": parent.revision + 1,
+        "content_digest": built.content_digest,
+        "activations": activations,
+        "released_packs": released,
+        "audiences": audiences,
+        "counts": built.counts,
+        "bindings_position": bindings_position,
+    }
+    return PublishPlan(built, parent, event)
+
+
+# -- releases: bindings converged together with the packs ---------------------------------
+
+
+@dataclass(frozen=True)
+class BindingChange:
+    """One binding event a release appends."""
+
+    op: str  # "grant", "rebind" or "revoke"
+    row: BindingRow
+    from_install_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "audience": f"{self.row.audience_kind}:{self.row.audience_id}",
+            "pack": self.row.pack,
+            "kind": self.row.kind,
+            "key": self.row.key,
+            "credential_set": self.row.credential_set,
+        }
+        if self.op != "revoke":
+            out["install_id"] = self.row.install_id
+        if self.from_install_id is not None:
+            out["from_install_id"] = self.from_install_id
+        return out
+
+
+def plan_bindings(
+    current: Iterable[BindingRow],
+    desired: Iterable[BindingSpec] | None,
+    packs: Mapping[str, PackAuthority],
+) -> tuple[list[BindingRow], list[BindingChange]]:
+    """The bindings after a release and the events that get there.
+
+    ``desired`` is the manifest's complete binding set; ``None`` (no
+    ``bindings`` in the manifest) keeps the current set. Either way every
+    binding is bound to its pack's active generation after the release, so
+    what moved is re-bound in the same release (R14).
+    """
+    now: dict[tuple[str, ...], BindingRow] = {row.ident: row for row in current}
+    wanted: dict[tuple[str, ...], BindingRow] = {}
+    specs: Iterable[tuple[str, str, str, str, str, str | None]] = (
+        (
+            (s.audience.kind.value, s.audience.id, s.pack, s.kind, s.key, s.credential_set)
+            for s in desired
+        )
+        if desired is not None
+        else (
+            (r.audience_kind, r.audience_id, r.pack, r.kind, r.key, r.credential_set)
+            for r in now.values()
+        )
+    )
+    for kind, ident, pack, ckind, key, cred in specs:
+        auth = packs.get(pack)
+        row = BindingRow(
+            kind,
+            ident,
+            pack,
+            ckind,
+            key,
+            cred,
+            (auth.install_id if auth else None) or "",
+            (auth.payload_hash if auth else None) or "",
+        )
+        wanted[row.ident] = row
+    changes: list[BindingChange] = []
+    for wanted_key in sorted(wanted):
+        row = wanted[wanted_key]
+        before = now.get(wanted_key)
+        if before is None:
+            changes.append(BindingChange("grant", row))
+        elif (before.install_id, before.payload_hash) != (row.install_id, row.payload_hash):
+            changes.append(BindingChange("rebind", row, before.install_id))
+    changes.extend(BindingChange("revoke", now[i]) for i in sorted(set(now) - set(wanted)))
+    return [wanted[i] for i in sorted(wanted)], changes
+
+
+def content_authority(
+    pack: str, install_id: str, revision: str, epoch: int, content: PackContent
+) -> PackAuthority:
+    """The authority a generation of ``content`` will have once activated."""
+    payload_hash = content.payload_hash_v1
+    digest_of = fact_hasher(pack, install_id, payload_hash)
+    components: dict[tuple[str, str], Fact] = {}
+    for component in content.components:
+        fact = canonical_bytes_trusted(component.to_json())
+        components[(component.kind, component.key)] = Fact.parse(fact, digest_of(fact))
+    return PackAuthority(
+        pack=pack,
+        source_kind="official_repo",
+        install_id=install_id,
+        revision=revision,
+        epoch=epoch,
+        payload_hash=payload_hash,
+        dirty=False,
+        components=components,
+    )
