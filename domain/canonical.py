@@ -14,6 +14,7 @@ keys, floats, NaN/Infinity, out-of-range integers and absurd nesting.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -101,21 +102,42 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """A value the strict reader refuses, kept in place so its JSON path can be named."""
+
+    problem: str
+
+
 def _no_float(text: str) -> Any:
-    raise _Reject(f"float {text} is not allowed (use an integer or a string)")
+    return _Refused(f"float {text} is not allowed (use an integer or a string)")
 
 
 def _no_constant(text: str) -> Any:
-    raise _Reject(f"{text} is not allowed")
+    return _Refused(f"{text} is not allowed")
 
 
-def _int(text: str) -> int:
-    if len(text) > 20:
-        raise _Reject("integer outside the signed 64-bit range")
-    value = int(text)
-    if not INT_MIN <= value <= INT_MAX:
-        raise _Reject("integer outside the signed 64-bit range")
-    return value
+def _int(text: str) -> Any:
+    digits = text.lstrip("-")
+    if len(digits) > 19 or not INT_MIN <= int(text) <= INT_MAX:
+        return _Refused(f"integer {text[:24]} is outside the signed 64-bit range")
+    return int(text)
+
+
+def _first_refused(value: Any, path: str) -> tuple[str, str] | None:
+    """The JSON path and problem of the first refused value, in document order."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, _Refused):
+            return where, item.problem
+        if isinstance(item, dict):
+            stack.extend(
+                (v, f"{where}.{k}" if where else str(k)) for k, v in reversed(item.items())
+            )
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{n}]") for n, v in reversed(list(enumerate(item))))
+    return None
 
 
 def parse_json(data: bytes | str, *, source: str) -> JsonValue:
@@ -143,5 +165,10 @@ def parse_json(data: bytes | str, *, source: str) -> JsonValue:
         ) from None
     except RecursionError:
         raise InvalidInput(f"{source} is nested too deeply", field=source) from None
+    refused = _first_refused(value, "")
+    if refused is not None:
+        where, problem = refused
+        field = where or "$"
+        raise InvalidInput(f"{source}: {field}: {problem}", field=field, file=source)
     check_canonical(value, path=source)
     return value

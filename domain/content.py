@@ -85,10 +85,18 @@ class PackContentModel(StrictModel):
     components: Annotated[list[ComponentModel], FirstError]
 
 
+#: Discriminator tags pydantic puts into error locations of tagged unions
+#: (``source.official_repo.path``); they are not fields of the user's document.
+UNION_TAGS = frozenset({"official_repo", "local_path"})
+
+
 def loc_path(loc: Sequence[int | str]) -> str:
-    """Pydantic's error location as a field path: ``components[2].key``."""
+    """Pydantic's error location as the JSON path in the user's document:
+    ``packs[2].source.path`` (union tags dropped)."""
     out = ""
     for part in loc:
+        if isinstance(part, str) and part in UNION_TAGS:
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -108,7 +116,8 @@ def invalid_from(error: ValidationError, *, file: str, prefix: str = "") -> Inva
     for item in error.errors(include_url=False, include_input=False)[:MAX_LISTED_ERRORS]:
         path = loc_path(item["loc"])
         field = f"{prefix}.{path}" if prefix and path != "$" else (prefix or path)
-        problems.append({"field": field, "problem": item["msg"]})
+        problem = str(item["msg"]).removeprefix("Value error, ")
+        problems.append({"field": field, "problem": problem})
     first = problems[0]
     return InvalidInput(
         f"{file}: {first['field']}: {first['problem']}"

@@ -68,9 +68,6 @@ class Identity(str):
         """Wrap a value read back from the log, where it was validated on write."""
         return super().__new__(cls, value)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({str.__repr__(self)})"
-
 
 def _preview(value: object) -> str:
     text = repr(value)

@@ -8,7 +8,7 @@ Audiences are parsed into typed pairs at this edge (R2).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, RootModel, ValidationError
@@ -39,9 +39,18 @@ from domain.identity import (
 RevisionText = Annotated[str, AfterValidator(identity_check(SourceRevision))]
 
 
+def _control(value: str) -> str | None:
+    """The first control character (C0, DEL or C1) in ``value``, if any."""
+    return next((c for c in value if c < " " or "\x7f" <= c <= "\x9f"), None)
+
+
 def _path_problem(value: str, *, inside_repo: bool) -> str | None:
-    if not value or "\x00" in value:
-        return "must be a non-empty path without NUL bytes"
+    """Why ``value`` is not an acceptable source path (R5: it must name one file exactly)."""
+    if not value:
+        return "must be a non-empty path"
+    bad = _control(value)
+    if bad is not None:
+        return f"must not contain control characters (found U+{ord(bad):04X})"
     if inside_repo:
         parts = value.split("/")
         if value.startswith("/") or any(p in ("", ".", "..") for p in parts):
@@ -118,6 +127,8 @@ class BindingSpec:
     kind: ComponentKind
     key: BusinessKey
     credential_set: CredentialSet | None
+    #: Where the binding stands in the user's manifest (for error paths); not identity.
+    index: int = field(default=-1, compare=False)
 
     def sort_key(self) -> tuple[str, str, str, str, str, str]:
         return (
@@ -181,6 +192,7 @@ def parse_manifest(data: Any, *, file: str) -> Manifest:
             credential_set=CredentialSet.trusted(binding.credential_set)
             if binding.credential_set is not None
             else None,
+            index=index,
         )
         if spec in seen_bindings:
             raise InvalidInput(
@@ -215,7 +227,7 @@ class LegacyRecordModel(StrictModel):
     source: LegacySourceModel
     # Recorded as found: a missing or malformed hash is a fact about the legacy
     # table, and adoption fails closed on it (R7) rather than import refusing it.
-    applied_payload_hash: Annotated[str, Field(max_length=255)] | None
+    applied_payload_hash: Annotated[str, Field(max_length=255)] | None = None
 
 
 class LegacyFileModel(RootModel[Annotated[list[LegacyRecordModel], FirstError]]):

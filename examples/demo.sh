@@ -1,8 +1,8 @@
 #!/bin/sh
 # The main job on the embedded SQLite default, in a scratch folder:
 # build the example pack repository, apply release 1, apply release 2,
-# re-apply release 2 (a no-op), show the status, the published catalog revision
-# and its digest, and the log head.
+# re-apply release 2 (a no-op), show the status and a log excerpt, and end with
+# the published catalog an audience is served: its revision and content digest.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 work="${DEMO_DIR:-$here/../demo-work}"
@@ -26,3 +26,5 @@ echo "== catalog-ledger publish (nothing changed: no new revision)"
 catalog-ledger publish
 echo "== catalog-ledger log --from 1 --limit 5"
 catalog-ledger log --from 1 --limit 5
+echo "== catalog-ledger view integration:erp-sync (the published catalog an audience is served)"
+catalog-ledger view integration:erp-sync

@@ -17,6 +17,7 @@ same typed errors (``domain.errors``) the CLI turns into exit codes::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -36,7 +37,7 @@ from ledger.audit.results import (
     PastView,
     ProofCheck,
 )
-from ledger.audit.verify import AuditReport, verify_log
+from ledger.audit.verify import AuditReport, verify_chain_parallel, verify_log
 from ledger.commands.results import ApplyResult, ImportLegacyResult, PublishResult
 from ledger.commands.service import CommandService
 from ledger.commands.sources import load_manifest, read_input_file, resolve_packs
@@ -155,13 +156,24 @@ def pack_hash(manifest: Path, pack: str) -> PackHash:
 
 
 def keygen(name: str, out: Path) -> KeygenResult:
-    """Create an Ed25519 checkpoint signer key at ``out`` (and ``out.pub``)."""
-    if out.exists():
-        raise InvalidInput(f"{out} already exists; refusing to overwrite a key", field="out")
+    """Create an Ed25519 checkpoint signer key at ``out`` (and ``out.pub``).
+
+    The private key file is created with mode 0600 in the same call that
+    creates it (``O_CREAT | O_EXCL``): it is never readable by others, not
+    even for an instant, and an existing file is never overwritten.
+    """
     key = SignerKey.generate(name)
     try:
-        out.write_text(key.text() + "\n", encoding="utf-8")
-        out.chmod(0o600)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise InvalidInput(
+            f"{out} already exists; refusing to overwrite a key", field="out"
+        ) from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot create {out}: {exc.strerror}", field="out") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(key.text() + "\n")
         out.with_name(out.name + ".pub").write_text(key.verifier.text() + "\n", encoding="utf-8")
     except OSError as exc:
         raise InvalidInput(f"cannot write {out}: {exc.strerror}", field="out") from None
@@ -196,8 +208,9 @@ class Store:
 
     @property
     def db(self) -> Database:
+        """The opened store; a SQLite file must exist (only ``init`` creates one)."""
         if self._db is None:
-            self._db = open_database(self.url)
+            self._db = open_database(self.url, create=False)
         return self._db
 
     @property
@@ -211,7 +224,7 @@ class Store:
     def opener(self) -> Callable[[], Ledger]:
         """A factory of fresh handles on this store (one per server worker)."""
         url = self.url
-        return lambda: Ledger(open_database(url))
+        return lambda: Ledger(open_database(url, create=False))
 
     def close(self) -> None:
         if self._db is not None:
@@ -232,7 +245,9 @@ class Store:
     # -- the store -----------------------------------------------------------------------
 
     def init(self) -> InitResult:
-        """Create the schema (idempotent)."""
+        """Create the store and its schema (idempotent)."""
+        if self._db is None:
+            self._db = open_database(self.url, create=True)
         info: StoreInfo = init_store(self.db)
         return {
             "engine": info.engine,
@@ -399,15 +414,34 @@ class Store:
         *,
         workers: int | None = None,
         progress: Progress | None = None,
+        chain_check: bool = True,
     ) -> dict[str, RebuildOutcome]:
-        """Rebuild views beside the live ones from position 0, then swap atomically."""
+        """Rebuild views beside the live ones from position 0, then swap atomically.
+
+        The chain is checked in a worker of its own while the views are built
+        (R22); a broken log swaps nothing in (INTEGRITY naming the position).
+        ``chain_check=False`` skips it, for benchmarks and right after an audit.
+        """
         return self.ledger.runner.rebuild(
             self.ledger.db,
             names,
             progress=progress,
             builder=process_builder(self.url),
             workers=workers or default_workers(),
+            check=self._check_chain if chain_check else None,
         )
+
+    def _check_chain(self, size: int) -> None:
+        """Every event id and chain link up to ``size``, in one worker process."""
+        problems, _root, _chain = verify_chain_parallel(self.url, size, workers=1)
+        if problems:
+            first = problems[0]
+            raise IntegrityFailure(
+                f"the log does not verify at position {first.position} ({first.check}): "
+                f"{first.message}; no rebuilt view was swapped in",
+                position=first.position,
+                check=first.check,
+            )
 
     def verify_projections(self, names: Sequence[str] = ()) -> ProjectionsVerifyResult:
         """Compare every live view with a fresh replay, row by row (R21)."""

@@ -8,6 +8,7 @@ write transactions). Dependencies therefore still point inward.
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -274,12 +275,15 @@ class ProjectionRunner:
         progress: Progress | None = None,
         builder: GroupBuilder | None = None,
         workers: int = 1,
+        check: Callable[[int], None] | None = None,
     ) -> dict[str, RebuildOutcome]:
         """Build the next version of each view from position 0, catch up, swap atomically.
 
         With a ``builder`` and ``workers > 1`` the views are split into groups of
         similar weight, each replayed and written by its own process; the swap
-        stays one transaction here.
+        stays one transaction here. ``check(head)`` runs beside the build (the
+        log's chain check): if it raises, nothing is swapped in and the error
+        stands, so views are never served from a log that does not verify.
         """
         chosen = self.select(names)
         with store.write() as conn:
@@ -296,11 +300,36 @@ class ProjectionRunner:
                 versions[p.name] = (st.live_version, nxt)
         for p in chosen:
             self._drop_versions(store, p, keep=versions[p.name][0])
-        groups = _groups(chosen, workers)
-        if builder is not None and len(groups) > 1:
-            errors = builder([[p.name for p in g] for g in groups], versions, head0, progress)
-        else:
-            errors = self.build_versions(store, [p.name for p in chosen], versions, head0, progress)
+        checked: dict[str, BaseException] = {}
+
+        def run_check() -> None:
+            try:
+                if check is not None:
+                    check(head0)
+            except BaseException as exc:  # re-raised below, before any swap
+                checked["error"] = exc
+
+        checker = threading.Thread(target=run_check, name="rebuild-chain-check")
+        checker.start()
+        try:
+            groups = _groups(chosen, workers)
+            if builder is not None and len(groups) > 1:
+                errors = builder([[p.name for p in g] for g in groups], versions, head0, progress)
+            else:
+                errors = self.build_versions(
+                    store, [p.name for p in chosen], versions, head0, progress
+                )
+        finally:
+            checker.join()
+        if "error" in checked:
+            for p in chosen:
+                self._drop_versions(store, p, keep=versions[p.name][0])
+            with store.write() as conn:  # as if the rebuild had never started
+                for name, st in load_states(conn, lock=True).items():
+                    if name in versions:
+                        st.building_version = None
+                        save_state(conn, st)
+            raise checked["error"]
         if errors:
             raise InvalidInput(
                 "rebuild stopped at a poison event; the live views are untouched",

@@ -273,7 +273,12 @@ def _check_binding(
             _problem(
                 b,
                 "CREDENTIAL_SET_NOT_ADMITTED",
-                f"credential set {b.credential_set!r} is not admitted (allowed: {allowed})",
+                (
+                    f"credential set {b.credential_set!r} is not admitted"
+                    if b.credential_set is not None
+                    else "the binding names no credential set, but the component requires one"
+                )
+                + f" (allowed: {allowed})",
                 {"credential_set": b.credential_set},
             )
         )

@@ -10,12 +10,13 @@ will have once activated, so a release is validated before anything moves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from domain.canonical import canonical_bytes_trusted
 from domain.content import PackContent, fact_hasher
+from domain.errors import InvalidInput
 from domain.manifest import BindingSpec
 from publisher.catalog import (
     BindingRow,
@@ -24,36 +25,64 @@ from publisher.catalog import (
     Fact,
     PackAuthority,
     ParentState,
+    Problem,
+    PublicationRejected,
     build_catalog,
 )
 
 
 @dataclass(frozen=True)
 class PublishPlan:
-    """A validated revision ready to append (or ``None`` when unchanged)."""
+    """A validated revision ready to append (or ``None`` when unchanged).
 
-    built: BuiltCatalog
+    ``blocked`` lists why nothing can be published now although the release
+    itself is valid: bindings of packs whose newest attempt is failed_dirty
+    (R12). Then ``built`` is ``None`` and ``event`` is ``None``.
+    """
+
+    built: BuiltCatalog | None
     parent: ParentState
     event: dict[str, Any] | None
+    blocked: tuple[Problem, ...] = ()
 
     @property
     def changed(self) -> bool:
         return self.event is not None
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "revision": self.event["revision"] if self.event else self.parent.revision,
-            "content_digest": self.built.content_digest,
-            "published": self.changed,
-            "counts": self.built.counts,
-        }
+    @property
+    def dirty_packs(self) -> list[str]:
+        return sorted({p.pack for p in self.blocked})
 
 
 def plan_publication(
-    catalog: CatalogInput, parent: ParentState, bindings_position: int | None
+    catalog: CatalogInput,
+    parent: ParentState,
+    bindings_position: int | None,
+    *,
+    defer_if_dirty: Iterable[BindingRow] | None = None,
 ) -> PublishPlan:
-    """Build and validate in memory; describe the revision event if content changed."""
-    built = build_catalog(catalog)
+    """Build and validate in memory; describe the revision event if content changed.
+
+    With ``defer_if_dirty`` (the bindings a release changes), a catalog that
+    fails only because packs the release does not bind anew are failed_dirty
+    is not an error: nothing is published and the plan says what blocks it.
+    Any other problem, or a dirty pack the release itself binds, still
+    rejects the release before any append (R11, R16).
+    """
+    try:
+        built = build_catalog(catalog)
+    except PublicationRejected as exc:
+        if defer_if_dirty is None:
+            raise
+        changed = {
+            (f"{r.audience_kind}:{r.audience_id}", r.pack, r.kind, r.key) for r in defer_if_dirty
+        }
+        if any(
+            p.reason != "DIRTY_PACK" or (p.audience, p.pack, p.kind, p.key) in changed
+            for p in exc.problems
+        ):
+            raise
+        return PublishPlan(None, parent, None, tuple(exc.problems))
     if parent.content_digest == built.content_digest:
         return PublishPlan(built, parent, None)
     activations, released, audiences = built.delta(parent)
@@ -93,6 +122,28 @@ class BindingChange:
         if self.from_install_id is not None:
             out["from_install_id"] = self.from_install_id
         return out
+
+
+def check_binding_credentials(
+    desired: Sequence[BindingSpec] | None, packs: Mapping[str, PackAuthority]
+) -> None:
+    """A binding may name a credential set only for a component that declares some (R15).
+
+    A component without ``credential_sets`` has nothing to choose from, so a
+    credential set on its binding is a mistake in the manifest: INVALID, naming
+    the binding, before anything is written.
+    """
+    for spec in desired or ():
+        auth = packs.get(spec.pack)
+        fact = auth.components.get((spec.kind, spec.key)) if auth is not None else None
+        if spec.credential_set is not None and fact is not None and fact.credential_sets is None:
+            field = f"bindings[{spec.index}].credential_set"
+            raise InvalidInput(
+                f"{field}: component {spec.kind}/{spec.key} of pack {spec.pack} declares no "
+                f"credential_sets, so its binding cannot name one ({spec.credential_set})",
+                field=field,
+                rule="R15",
+            )
 
 
 def plan_bindings(

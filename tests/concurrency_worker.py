@@ -45,15 +45,10 @@ def build(workdir: Path, manifests: int = 8) -> list[Path]:
         for a in range(rng.randint(1, 4)):
             pack = rng.choice(PACKS)
             for kind, key in (("push_contract", "Order.push"), ("callout_profile", "erp")):
-                bindings.append(
-                    {
-                        "audience": f"integration:w{a}",
-                        "pack": pack,
-                        "kind": kind,
-                        "key": key,
-                        "credential_set": "prod",
-                    }
-                )
+                binding = {"audience": f"integration:w{a}", "pack": pack, "kind": kind, "key": key}
+                if kind == "callout_profile":  # only the profile declares credential sets
+                    binding["credential_set"] = "prod"
+                bindings.append(binding)
         seen: set[tuple[str, ...]] = set()
         unique = []
         for b in bindings:

@@ -88,10 +88,17 @@ def push_pack(
 
 
 def push_closure(audience: str, pack: str, cred: str = "erp-prod") -> list[dict[str, Any]]:
-    """Bindings of a ``push_pack``'s complete closure (push contract + profile)."""
+    """Bindings of a ``push_pack``'s complete closure (push contract + profile); only the
+    profile declares credential sets, so only its binding names one (R15)."""
     return [
-        {"audience": audience, "pack": pack, "kind": kind, "key": key, "credential_set": cred}
-        for kind, key in (("push_contract", "Order.push"), ("callout_profile", "erp"))
+        {"audience": audience, "pack": pack, "kind": "push_contract", "key": "Order.push"},
+        {
+            "audience": audience,
+            "pack": pack,
+            "kind": "callout_profile",
+            "key": "erp",
+            "credential_set": cred,
+        },
     ]
 
 
@@ -136,7 +143,7 @@ def sales(version: int = 1, *, reverse: bool = False, **options: Any) -> bytes:
 def sales_closure(audience: str, cred: str = "erp-prod") -> list[dict[str, Any]]:
     """Bindings of the sales push contract's complete closure for one audience."""
     out: list[dict[str, Any]] = [
-        {"kind": "push_contract", "key": "Order.push", "credential_set": cred},
+        {"kind": "push_contract", "key": "Order.push"},
         {"kind": "callout_profile", "key": "erp", "credential_set": cred},
         {"kind": "outbound_mapping", "key": "Order.out"},
     ]

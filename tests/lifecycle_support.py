@@ -92,6 +92,19 @@ class World:
     def head(self) -> int:
         return self.ledger.recorder.head().position
 
+    def tables(self) -> dict[str, list[str]]:
+        """Every row of every table but the Merkle cache (derived; filled by reads):
+        "nothing was written" means all of this is unchanged."""
+        import sqlalchemy as sa
+
+        out: dict[str, list[str]] = {}
+        with self.db.read() as conn:
+            for name in sorted(sa.inspect(conn).get_table_names()):
+                if name != "ledger_merkle":
+                    rows = conn.execute(sa.text(f"SELECT * FROM {name}")).fetchall()
+                    out[name] = sorted(repr(tuple(r)) for r in rows)
+        return out
+
     def state(self, pack: str) -> PackState:
         with self.ledger.snapshot() as reader:
             return reader.pack_state(PackName(pack))

@@ -849,13 +849,13 @@ class Stage:
         }
 
     def attempt(self, *args: str, as_json: bool = True) -> tuple[str, Outcome]:
-        """Run ``catalog-ledger --db URL ARGS [--json]``: typed, and no partial append."""
-        before = self.world.head()
+        """Run ``catalog-ledger --db URL ARGS [--json]``: typed, and nothing written at all
+        (no table changed: the log, the views, the head) unless it succeeded."""
+        before = self.world.tables()
         outcome = run_cli(["--db", self.url, *args, *(["--json"] if as_json else [])])
         code = check_typed(outcome)
         if code != "OK":
-            after = self.world.head()
-            assert after == before, f"partial append ({before} -> {after}): {outcome}"
+            assert self.world.tables() == before, f"a rejected command wrote: {outcome}"
         if code == "INVALID" and as_json:
             assert outcome.field, f"INVALID names no field: {outcome}"
         return code, outcome
@@ -1422,13 +1422,13 @@ def argument_vectors(
 
 
 def check_argument_vector(stage: Stage, argv: list[str]) -> str:
-    """Any vector: an exit code with a typed error (or success), and no partial append."""
-    before = stage.world.head()
+    """Any vector: an exit code with a typed error (or success), and nothing written
+    unless it succeeded."""
+    before = stage.world.tables()
     outcome = run_cli(argv)
     code = check_typed(outcome)
     if code != "OK":
-        after = stage.world.head()
-        assert after == before, f"partial append ({before} -> {after}): {outcome}"
+        assert stage.world.tables() == before, f"a rejected command wrote: {outcome}"
     return code
 
 

@@ -666,7 +666,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.harness.stats.examples += 1
         if entries:
             first = entries[0][0]
-            closure = {ident(audience, first, PROFILE, cred), ident(audience, first, PUSH, cred)}
+            closure = {ident(audience, first, PROFILE, cred), ident(audience, first, PUSH, None)}
             packs = [(p, "official", v) for p, v in entries]
             self.release_to(WRITERS[0], packs, closure, True, "seed")
 
@@ -1001,7 +1001,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         pack = self.pick(data, self.packs_where(*ACTIVATED), "pack")
         new = {ident(audience, pack, PROFILE, cred)}
         if with_push:
-            new.add(ident(audience, pack, PUSH, cred))
+            new.add(ident(audience, pack, PUSH, None))
         self.release_to(w, [], set(self.model.bindings) | new, publish, "grant")
 
     @rule(
@@ -1014,8 +1014,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     def grant_one(
         self, w: str, audience: str, pack: str, component: tuple[str, str], cred: str | None
     ) -> None:
-        """One binding on its own: its closure may be incomplete or unauthorized (R15)."""
-        new = ident(audience, pack, component, cred)
+        """One binding on its own: its closure may be incomplete or unauthorized (R15).
+        Only the profile declares credential sets, so only its binding may name one."""
+        new = ident(audience, pack, component, cred if component == PROFILE else None)
         self.release_to(w, [], set(self.model.bindings) | {new}, True, "grant")
 
     @precondition(lambda self: bool(self.model.bindings))
@@ -1072,7 +1073,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         m.bindings = dict(rows)
         counts = {k: len(v) for k, v in cast(dict[str, list[Any]], out["bindings"]).items()}
         assert counts == changes, (counts, changes)
-        publishes = publish and m.signature(rows, auths) != m.published.signature
+        blocking = m.problems(rows, auths)
+        assert ("blocked" in out["catalog"]) is bool(blocking), (out["catalog"], blocking)
+        publishes = publish and not blocking and m.signature(rows, auths) != m.published.signature
         if publishes:
             m.publish(rows, auths)
         assert out["catalog"]["published"] is publishes
@@ -1132,18 +1135,32 @@ class LifecycleMachine(RuleBasedStateMachine):
         if found:
             return lifecycle(found), decisions, rows, changes, auths
         problems = m.problems(rows, auths)
-        if problems:
+        if problems and not self.only_blocking(problems, rows):
             return closure(problems), decisions, rows, changes, auths
-        publishes = publish and m.signature(rows, auths) != m.published.signature
+        publishes = publish and not problems and m.signature(rows, auths) != m.published.signature
         unchanged = all(d == "unchanged" for d in decisions.values())
         if unchanged and not any(changes.values()) and not publishes:
             return NOOP, decisions, rows, changes, auths
         if not m.lease.free(self.now_us):
             return CONFLICT, decisions, rows, changes, auths
         problems = m.problems(rows, {**m.authorities(recovered=True), **released})
-        if problems:
+        if problems and not self.only_blocking(problems, rows):
             return closure(problems), decisions, rows, changes, auths
         return OK, decisions, rows, changes, auths
+
+    def only_blocking(
+        self, problems: list[tuple[str, str, str, str, str]], rows: Mapping[Ident, str]
+    ) -> bool:
+        """R12: failed_dirty packs hold publication back, but a release that does not bind
+        them anew still applies (and publishes nothing until a later generation lands)."""
+        changed = {
+            (audience_text(i), i[2], i[3], i[4])
+            for i, install_id in rows.items()
+            if self.model.bindings.get(i) != install_id
+        }
+        return all(
+            r == "DIRTY_PACK" and (a, p, k, key) not in changed for a, p, k, key, r in problems
+        )
 
     @rule()
     def publish(self) -> None:

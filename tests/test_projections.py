@@ -67,7 +67,6 @@ def _bindings(packs: list[str], audience: str) -> list[dict[str, Any]]:
                 "pack": p,
                 "kind": "push_contract",
                 "key": "Order.push",
-                "credential_set": "erp-prod",
             },
             {
                 "audience": audience,

@@ -50,7 +50,7 @@ def catalog_rows(world: World, table: str) -> list[tuple[Any, ...]]:
 def test_r15_cross_workload_borrowing_fails_naming_the_audience(world: World) -> None:
     commit = world.release({"sales/pack.json": sales()})
     borrowing = [
-        bind("integration:a", "Order.push", "push_contract", credential_set="erp-prod"),
+        bind("integration:a", "Order.push", "push_contract"),
         bind("integration:b", "erp", "callout_profile", credential_set="erp-prod"),
         bind("integration:b", "Order.out", "outbound_mapping"),
     ]
@@ -154,7 +154,7 @@ def test_r17_any_payload_binding_or_activation_change_changes_the_digest(world: 
     assert repaired["catalog"]["content_digest"] not in seen
 
 
-def test_r17_component_order_in_pack_json_does_not_change_the_digest(
+def test_r9_component_order_keeps_the_payload_hash_while_the_commit_moves_the_digest(
     world: World, tmp_path: Path, sibling_url: str
 ) -> None:
     commit = world.release({"sales/pack.json": sales()})

@@ -8,7 +8,6 @@ million events reads one chunk of leaves plus O(log n) cached nodes;
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -156,7 +155,6 @@ def b64(data: bytes) -> str:
 
 
 def unb64(text: str, field: str) -> bytes:
-
     try:
         return base64.b64decode(text, validate=True)
     except (ValueError, TypeError):
@@ -179,61 +177,88 @@ def checkpoint(ledger: Ledger) -> Checkpoint:
     return Checkpoint(origin_of(ledger), size, log.root(size) if size else merkle.EMPTY_ROOT)
 
 
-def _proof_value(document: dict[str, Any], name: str, convert: Callable[[Any], Any]) -> Any:
-    """``document[name]`` through ``convert``; missing or malformed is INVALID, not a crash."""
-    if name not in document:
-        raise InvalidInput(f"the proof file has no {name!r}", field=f"file.{name}")
+_PROOF_FIELDS: dict[str, dict[str, type]] = {
+    "inclusion": {
+        "position": int,
+        "leaf_index": int,
+        "tree_size": int,
+        "event_id": str,
+        "leaf_hash": str,
+        "proof": list,
+        "root": str,
+    },
+    "consistency": {"size1": int, "size2": int, "root1": str, "root2": str, "proof": list},
+}
+
+
+def _typed_fields(document: dict[str, Any], kind: str) -> None:
+    """Every field a proof of ``kind`` needs, of its JSON type: INVALID naming the field."""
+    for name, expected in _PROOF_FIELDS[kind].items():
+        field = name  # its JSON path in the proof file, as parse_json names fields
+        if name not in document:
+            raise InvalidInput(f"the proof file has no {name!r}", field=field)
+        value = document[name]
+        if not isinstance(value, expected) or isinstance(value, bool):
+            wanted = {int: "an integer", str: "a string", list: "a list"}[expected]
+            raise InvalidInput(f"the proof file's {name!r} must be {wanted}", field=field)
+        if isinstance(value, int) and value < 0:
+            raise InvalidInput(f"the proof file's {name!r} must not be negative", field=field)
+    for n, item in enumerate(document["proof"]):
+        if not isinstance(item, str):
+            raise InvalidInput("the proof's hashes must be strings", field=f"proof[{n}]")
+
+
+def _hex32(document: dict[str, Any], name: str) -> bytes:
     try:
-        return convert(document[name])
-    except (TypeError, ValueError):
-        raise InvalidInput(
-            f"the proof file's {name!r} is malformed", field=f"file.{name}"
-        ) from None
-
-
-def _proof_hashes(value: Any) -> list[bytes]:
-    if not isinstance(value, list):
-        raise TypeError("not a list")
-    return [unb64(p, "proof") for p in value]
+        value = bytes.fromhex(document[name])
+    except ValueError:
+        raise InvalidInput(f"the proof file's {name!r} is not hex", field=name) from None
+    if len(value) != 32:
+        raise InvalidInput(f"the proof file's {name!r} is not 32 bytes", field=name)
+    return value
 
 
 def verify_proof(document: dict[str, Any], cp: Checkpoint) -> ProofCheck:
-    """Check a proof document against a checkpoint, offline (no database)."""
+    """Check a proof document against a checkpoint, offline (no database).
+
+    A malformed document is INVALID naming its field; a well-formed proof that
+    does not check against the checkpoint is INTEGRITY (R22).
+    """
     kind = document.get("type")
     if kind == "inclusion":
-        if document.get("tree_size") != cp.size:
+        _typed_fields(document, kind)
+        if document["tree_size"] != cp.size:
             raise IntegrityFailure(
                 "the proof is for another tree size than the checkpoint",
-                proof_size=document.get("tree_size"),
+                proof_size=document["tree_size"],
                 checkpoint_size=cp.size,
             )
-        event_id = _proof_value(document, "event_id", lambda v: bytes.fromhex(str(v)))
+        event_id = _hex32(document, "event_id")
         leaf = merkle.leaf_hash(event_id)
-        if leaf != _proof_value(document, "leaf_hash", lambda v: unb64(str(v), "leaf_hash")):
+        if leaf != unb64(document["leaf_hash"], "leaf_hash"):
             raise IntegrityFailure("the leaf hash does not match the event id")
         merkle.verify_inclusion(
-            _proof_value(document, "leaf_index", int),
+            document["leaf_index"],
             cp.size,
             leaf,
-            _proof_value(document, "proof", _proof_hashes),
+            [unb64(p, "proof") for p in document["proof"]],
             cp.root,
         )
-        position = _proof_value(document, "position", lambda v: v)
-        return {"ok": True, "type": kind, "position": position, "size": cp.size}
+        return {"ok": True, "type": kind, "position": document["position"], "size": cp.size}
     if kind == "consistency":
-        if document.get("size2") != cp.size:
+        _typed_fields(document, kind)
+        if document["size2"] != cp.size:
             raise IntegrityFailure(
                 "the proof does not end at the checkpoint's size",
-                proof_size=document.get("size2"),
+                proof_size=document["size2"],
                 checkpoint_size=cp.size,
             )
-        size1 = _proof_value(document, "size1", int)
         merkle.verify_consistency(
-            size1,
+            document["size1"],
             cp.size,
-            _proof_value(document, "proof", _proof_hashes),
-            _proof_value(document, "root1", lambda v: unb64(str(v), "root1")),
+            [unb64(p, "proof") for p in document["proof"]],
+            unb64(document["root1"], "root1"),
             cp.root,
         )
-        return {"ok": True, "type": kind, "size1": size1, "size2": cp.size}
+        return {"ok": True, "type": kind, "size1": document["size1"], "size2": cp.size}
     raise InvalidInput("the proof file has no known type", field="file")

@@ -11,6 +11,7 @@ unless ``CATALOG_LEDGER_DEBUG=1`` asks for it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -136,6 +137,15 @@ def _report(error: LedgerError, as_json: bool) -> int:
     return error.exit_code
 
 
+def _reader_went_away() -> int:
+    """``log | head``: the reader closed the pipe. Stop quietly, as Unix tools do, and
+    keep Python from reporting the failed flush of stdout at exit."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
 def run(argv: Sequence[str]) -> int:
     """Run the CLI with ``argv`` and return the exit code (never raises)."""
     args = list(argv)
@@ -161,7 +171,11 @@ def run(argv: Sequence[str]) -> int:
         click.echo("interrupted", err=True)
         return 130
     except BrokenPipeError:
-        return 0
+        return _reader_went_away()
+    except SystemExit as exc:
+        if type(sys.stdout).__name__ == "_PacifyFlushWrapper":  # click met EPIPE on stdout
+            return _reader_went_away()
+        return exc.code if isinstance(exc.code, int) else 1
     except Exception as exc:  # the last line of defense: never show a traceback
         if os.environ.get("CATALOG_LEDGER_DEBUG"):
             traceback.print_exc()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from domain.errors import InvalidInput
+from domain.errors import InvalidInput, UsageError
+from domain.identity import PackName
 from ledger.api import check_proof, keygen
 from ledger.cli.app import cli, dump_json, emit, json_option, progress_bar, store
 
@@ -73,12 +74,17 @@ def audit_checkpoint(sign: Path | None, as_json: bool) -> None:
     default=None,
     help="... to this one (default: the log size).",
 )
+@json_option
 def audit_prove(
-    position: int | None, size: int | None, from_size: int | None, to_size: int | None
+    position: int | None,
+    size: int | None,
+    from_size: int | None,
+    to_size: int | None,
+    as_json: bool,
 ) -> None:
     """Print an inclusion or consistency proof as JSON (RFC 9162)."""
     proof = store().prove(position=position, size=size, from_size=from_size, to_size=to_size)
-    sys.stdout.write(dump_json(proof))
+    sys.stdout.write(dump_json(proof))  # the proof document is the output, --json or not
 
 
 @audit_group.command("verify-proof")
@@ -154,7 +160,7 @@ def audit_verify(
 @json_option
 def history(pack: str, as_json: bool) -> None:
     """Every lifecycle event of a pack, read from the log alone."""
-    document = store().history(pack)
+    document = store().history(str(PackName(pack, field="--pack")))
     events = document["events"]
 
     def human() -> None:
@@ -177,14 +183,25 @@ def history(pack: str, as_json: bool) -> None:
     default=None,
     help="File to write (default: stdout).",
 )
-def export(jsonl: bool, out: Path | None) -> None:
-    """Export every event with position, ids, chain and decoded state."""
+@json_option
+def export(jsonl: bool, out: Path | None, as_json: bool) -> None:
+    """Export every event with position, ids, chain and exact stored bytes (JSON lines)."""
     if out is None:
+        if as_json:
+            raise UsageError("--json prints a summary document: give --out FILE for the events")
         store().export(sys.stdout)
         return
+    _ = store().ledger  # a missing store fails before the output file is created
+    partial = out.with_name(f".{out.name}.partial")
     try:
-        with out.open("w", encoding="utf-8") as handle:
+        with partial.open("w", encoding="utf-8") as handle:
             count = store().export(handle)
+        partial.replace(out)  # all or nothing: a failed export leaves no file behind
     except OSError as exc:
         raise InvalidInput(f"cannot write {out}: {exc.strerror}", field="out") from None
-    click.echo(f"{count} events written to {out}", err=True)
+    finally:
+        partial.unlink(missing_ok=True)
+    if as_json:
+        emit(True, {"events": count, "out": str(out)}, lambda: None)
+    else:
+        click.echo(f"{count} events written to {out}", err=True)

@@ -45,11 +45,21 @@ def projections_status(as_json: bool) -> None:
     default=None,
     help="Processes replaying views in parallel (default: up to 2 cores).",
 )
+@click.option(
+    "--no-chain-check",
+    is_flag=True,
+    help="Skip checking the log's chain while rebuilding (benchmarks; just after an audit).",
+)
 @json_option
-def projections_rebuild(names: tuple[str, ...], workers: int | None, as_json: bool) -> None:
-    """Rebuild views beside the live ones from position 0, then swap atomically."""
+def projections_rebuild(
+    names: tuple[str, ...], workers: int | None, no_chain_check: bool, as_json: bool
+) -> None:
+    """Rebuild views beside the live ones from position 0, then swap atomically; a log
+    whose chain does not verify swaps nothing in (INTEGRITY naming the position)."""
     with progress_bar(not as_json, "rebuild", "ev") as progress:
-        report = store().rebuild(names, workers=workers, progress=progress)
+        report = store().rebuild(
+            names, workers=workers, progress=progress, chain_check=not no_chain_check
+        )
 
     def human() -> None:
         for name, r in report.items():

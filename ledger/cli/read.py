@@ -61,11 +61,14 @@ def view(audience: str, min_revision: str | None, at_revision: str | None, as_js
     default="warning",
     show_default=True,
 )
-def serve(host: str, port: int, log_level: str) -> None:
+@json_option
+def serve(host: str, port: int, log_level: str, as_json: bool) -> None:
     """Serve audience views over HTTP (read only): /v1/audiences/{kind}/{id}/view."""
     import uvicorn
 
     from ledger.http.app import create_app
 
     _ = store().ledger  # fail now, with a typed error, if the store is unusable
+    listening = {"url": f"http://{host}:{port}", "db": store().db.display_url}
+    emit(as_json, listening, lambda: click.echo(f"serving {listening['db']} on {listening['url']}"))
     uvicorn.run(create_app(store().opener()), host=host, port=port, log_level=log_level)

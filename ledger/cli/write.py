@@ -80,6 +80,13 @@ def apply(
         click.echo(
             f"  catalog revision {catalog['revision']} ({verb}) digest {catalog['content_digest']}"
         )
+        if "blocked" in catalog:
+            click.echo(f"  NOT published: {catalog['blocked']['message']}")
+        if "candidate_content_digest" in catalog:
+            click.echo(
+                f"  candidate catalog {catalog['candidate_content_digest']} validated, "
+                "NOT published (run `catalog-ledger publish`)"
+            )
 
     emit(as_json, result, human)
 

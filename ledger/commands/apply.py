@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
@@ -24,13 +25,15 @@ from domain.coordination import CommandRecord
 from domain.errors import LedgerError
 from domain.identity import PackName
 from domain.lifecycle import install_id_for
-from domain.manifest import BindingSpec
+from domain.manifest import BindingSpec, Manifest
 from domain.matrix import Command, Decision, after_recovery, decide
 from ledger.commands.core import WRITER_LEASE, LeaseHandle
+from ledger.commands.leases import LeaseBusy
 from ledger.commands.publishing import (
     CatalogSnapshot,
     PublishCommand,
     binding_aggregates,
+    catalog_outcome,
     fence_ids,
     positioned_catalog,
     read_snapshot,
@@ -39,7 +42,6 @@ from ledger.commands.results import (
     ApplyResult,
     BindingChanges,
     BindingOutcome,
-    CatalogCounts,
     PackOutcome,
     RecoveredAttempt,
 )
@@ -50,6 +52,7 @@ from publisher.catalog import CatalogInput, PackAuthority
 from publisher.planning import (
     BindingChange,
     PublishPlan,
+    check_binding_credentials,
     content_authority,
     plan_bindings,
     plan_publication,
@@ -72,6 +75,15 @@ def _after_recovery(catalog: CatalogSnapshot, abandoned: set[str]) -> CatalogSna
     their newest attempt is failed_dirty, which blocks publication (R12)."""
     packs = {p: replace(a, dirty=True) if p in abandoned else a for p, a in catalog.packs.items()}
     return replace(catalog, packs=packs)
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """A release that has work to do: its command id, the states it read, a busy lease."""
+
+    cid: str
+    states: dict[PackName, PackState]
+    busy: LedgerError | None
 
 
 class ApplyCommand(LifecycleSteps, PublishCommand):
@@ -109,6 +121,42 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             "publish": publish,
         }
         request_digest = self.request_digest(request)
+        deadline = time.monotonic() + self.lease_wait
+        pause = 0.05
+        while True:
+            # Decide from one snapshot; a busy lease means another writer may be doing
+            # this very release, so wait for it to end and decide again rather than
+            # appending anything (an identical copy then finds the recorded result or
+            # nothing left to do, R10).
+            decided = self._decide(manifest, resolved, command_id, request_digest, publish)
+            if not isinstance(decided, _Decided):
+                return decided
+            if decided.busy is None:
+                try:
+                    with self.leased(wait=0) as handle:
+                        return self._under_lease(
+                            handle, decided, manifest, resolved, request_digest, publish
+                        )
+                except LeaseBusy as exc:  # lost the race to take it
+                    busy: LedgerError = exc
+            else:
+                busy = decided.busy
+            if time.monotonic() >= deadline:
+                raise LeaseBusy(
+                    f"the writer lease is busy: {busy.message}", **{**busy.details, "rule": "R12"}
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+    def _decide(
+        self,
+        manifest: Manifest,
+        resolved: Sequence[ResolvedPack],
+        command_id: str | None,
+        request_digest: str,
+        publish: bool,
+    ) -> ApplyResult | _Decided:
+        """The preflight: a final result (exact retry, nothing to do) or what to run."""
         with self.ledger.snapshot() as reader:
             cid = self._command_id(command_id, "apply", request_digest, reader)
             prior = self.recorded(reader, cid, "apply", request_digest)
@@ -134,7 +182,8 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         )
         if preview.noop:
             return self._result(cid, resolved, plan, {}, preview, recovered=[], noop=True)
-        if abandoned and (lease is None or lease.is_free(self._now_us())):
+        free = lease is None or lease.is_free(self._now_us())
+        if abandoned and free:
             # This release will be the next lease holder: its recovery turns every
             # abandoned attempt into failed_dirty (R12), so judge the catalog it will
             # publish after that, before any append (R11).
@@ -147,31 +196,53 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
                 candidates=None,
                 publish=publish,
             )
-        with self.leased() as handle:
-            with self.ledger.snapshot() as reader:
-                states = {p: reader.pack_state(p) for p in states}
-            plan = self._plan(resolved, states)
-            to_prepare = [
-                (r, cmd)
-                for r in resolved
-                for decision, cmd in [plan[r.name]]
-                if cmd is not None and decision in (Decision.INSTALL, Decision.ADVANCE)
-            ]
-            candidates = self.prepare(handle, to_prepare) if to_prepare else {}
-            try:
-                return self._finish(
-                    handle,
-                    cid,
-                    request_digest,
-                    resolved,
-                    plan,
-                    candidates,
-                    manifest.bindings,
-                    publish=publish,
-                )
-            except LedgerError as exc:
-                self._abandon(handle, candidates, exc)
-                raise
+        busy = None
+        if not free and lease is not None and lease.holder != self.holder:
+            busy = LeaseBusy(
+                f"lease {lease.name!r} is held by {lease.holder!r} (epoch {lease.epoch})",
+                holder=lease.holder,
+                epoch=lease.epoch,
+            )
+        return _Decided(cid, states, busy)
+
+    def _under_lease(
+        self,
+        handle: LeaseHandle,
+        decided: _Decided,
+        manifest: Manifest,
+        resolved: Sequence[ResolvedPack],
+        request_digest: str,
+        publish: bool,
+    ) -> ApplyResult:
+        """Prepare the candidates, then the one final append (R8), holding the lease."""
+        cid = decided.cid
+        with self.ledger.snapshot() as reader:
+            prior = self.recorded(reader, cid, "apply", request_digest)
+            states = {p: reader.pack_state(p) for p in decided.states}
+        if prior is not None:  # an identical copy finished between our read and our lease
+            return cast(ApplyResult, {**prior, "replayed": True})
+        plan = self._plan(resolved, states)
+        to_prepare = [
+            (r, cmd)
+            for r in resolved
+            for decision, cmd in [plan[r.name]]
+            if cmd is not None and decision in (Decision.INSTALL, Decision.ADVANCE)
+        ]
+        candidates = self.prepare(handle, to_prepare) if to_prepare else {}
+        try:
+            return self._finish(
+                handle,
+                cid,
+                request_digest,
+                resolved,
+                plan,
+                candidates,
+                manifest.bindings,
+                publish=publish,
+            )
+        except LedgerError as exc:
+            self._abandon(handle, candidates, exc)
+            raise
 
     def _finish(
         self,
@@ -255,10 +326,21 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
                 )
             elif decision is Decision.LOCAL_UPDATE:
                 packs[r.name] = PackAuthority(pack=r.name, source_kind="local_path")
+        check_binding_credentials(desired, packs)
         rows, changes = plan_bindings(catalog.bindings, desired, packs)
-        publication = plan_publication(CatalogInput(rows, packs), catalog.parent, None)
+        # A pack left failed_dirty by an abandoned attempt blocks publication (R12),
+        # but not a release that does not bind it anew: that release applies and
+        # says what still blocks publication.
+        publication = plan_publication(
+            CatalogInput(rows, packs),
+            catalog.parent,
+            None,
+            defer_if_dirty=[c.row for c in changes if c.op != "revoke"],
+        )
         if not publish:
-            publication = PublishPlan(publication.built, publication.parent, None)
+            publication = PublishPlan(
+                publication.built, publication.parent, None, publication.blocked
+            )
         used = {row.pack for row in rows} | set(catalog.parent.activations)
         audiences = (
             {row.audience for row in rows}
@@ -314,7 +396,6 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         recovered: list[RecoveredAttempt],
         noop: bool,
     ) -> ApplyResult:
-        event = release.publication.event
         packs: list[PackOutcome] = []
         for r in resolved:
             decision = plan[r.name][0]
@@ -346,11 +427,6 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             "replayed": False,
             "packs": packs,
             "bindings": bindings,
-            "catalog": {
-                "revision": event["revision"] if event else release.publication.parent.revision,
-                "content_digest": release.publication.built.content_digest,
-                "published": event is not None,
-                "counts": cast(CatalogCounts, release.publication.built.counts),
-            },
+            "catalog": catalog_outcome(release.publication),
             "recovered": recovered,
         }

@@ -23,11 +23,19 @@ from ledger.commands.results import RecoveredAttempt
 from projections.queries import preparing_generations
 
 
+class LeaseBusy(Conflict):
+    """Another live writer holds the lease, or won the race to take it (exit 4)."""
+
+
 class LeaseCommands(ServiceCore):
     """Taking, holding and giving back the writer lease."""
 
     def acquire_lease(self, *, wait: float | None = None) -> LeaseHandle:
-        """Take the writer lease, waiting up to ``wait`` seconds for a live holder."""
+        """Take the writer lease, waiting up to ``wait`` seconds for a live holder.
+
+        Losing the race to create or take the lease is a busy lease, never an
+        error of the caller's: it waits like for any other holder.
+        """
         deadline = time.monotonic() + (self.lease_wait if wait is None else wait)
         pause = 0.05
         while True:
@@ -40,7 +48,7 @@ class LeaseCommands(ServiceCore):
                 return LeaseHandle(WRITER_LEASE, self.holder, lease.epoch, lease.version)
             except Conflict as exc:
                 if time.monotonic() >= deadline:
-                    raise Conflict(
+                    raise LeaseBusy(
                         f"the writer lease is busy: {exc.message}", **{**exc.details, "rule": "R12"}
                     ) from None
             time.sleep(pause)
@@ -55,9 +63,9 @@ class LeaseCommands(ServiceCore):
         self.ledger.app.save(lease)
 
     @contextmanager
-    def leased(self) -> Iterator[LeaseHandle]:
+    def leased(self, *, wait: float | None = None) -> Iterator[LeaseHandle]:
         """Hold the writer lease; recover abandoned attempts before anything else."""
-        handle = self.acquire_lease()
+        handle = self.acquire_lease(wait=wait)
         try:
             yield replace(handle, recovered=tuple(self.recover(handle)))
         finally:

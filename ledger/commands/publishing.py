@@ -281,13 +281,36 @@ class StagedPublication:
 
 
 def catalog_outcome(plan: PublishPlan) -> CatalogOutcome:
-    """The revision a publication plan leaves in force (new or the parent's)."""
-    return {
-        "revision": plan.event["revision"] if plan.event else plan.parent.revision,
-        "content_digest": plan.built.content_digest,
+    """The revision a publication plan leaves in force, new or the parent's.
+
+    Revision and digest always belong together. A validated catalog that was
+    not published (``apply --no-publish``) is shown beside them as the
+    candidate, never in place of the published digest.
+    """
+    built, parent = plan.built, plan.parent
+    if built is None:  # publication blocked by failed_dirty packs (R12)
+        dirty = plan.dirty_packs
+        return {
+            "revision": parent.revision,
+            "content_digest": parent.content_digest,
+            "published": False,
+            "blocked": {
+                "reason": "DIRTY_PACK",
+                "packs": dirty,
+                "message": f"publication is blocked while {', '.join(dirty)} "
+                "has a failed_dirty newest attempt (R12); it clears when a later "
+                "generation of that pack activates: apply a release that advances it",
+            },
+        }
+    outcome: CatalogOutcome = {
+        "revision": plan.event["revision"] if plan.event else parent.revision,
+        "content_digest": built.content_digest if plan.event else parent.content_digest,
         "published": plan.changed,
-        "counts": cast(CatalogCounts, plan.built.counts),
+        "counts": cast(CatalogCounts, built.counts),
     }
+    if not plan.changed and built.content_digest != parent.content_digest:
+        outcome["candidate_content_digest"] = built.content_digest
+    return outcome
 
 
 class PublishCommand(ServiceCore):

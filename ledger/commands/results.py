@@ -49,13 +49,25 @@ class CatalogCounts(TypedDict):
     grants: int
 
 
+class PublicationBlocked(TypedDict):
+    reason: str  # DIRTY_PACK
+    packs: list[str]
+    message: str
+
+
 class CatalogOutcome(TypedDict):
     """The catalog revision a release or ``publish`` left in force."""
 
     revision: int
-    content_digest: str
+    #: The digest of ``revision`` (None while nothing was ever published).
+    content_digest: str | None
     published: bool
-    counts: CatalogCounts
+    #: Counts of the validated catalog (absent when publication is blocked).
+    counts: NotRequired[CatalogCounts]
+    #: A validated catalog left unpublished (``apply --no-publish``): not served.
+    candidate_content_digest: NotRequired[str]
+    #: Why nothing could be published although the release applied (R12).
+    blocked: NotRequired[PublicationBlocked]
 
 
 class RecoveredAttempt(TypedDict):
@@ -75,14 +87,12 @@ class ApplyResult(TypedDict):
     recovered: list[RecoveredAttempt]
 
 
-class PublishResult(TypedDict):
+class PublishResult(CatalogOutcome):
+    """``publish``: the revision in force after it, and whether this call appended it."""
+
     command_id: str
     noop: bool
     replayed: bool
-    revision: int
-    content_digest: str
-    published: bool
-    counts: CatalogCounts
 
 
 class ImportLegacyResult(TypedDict):

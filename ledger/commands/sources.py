@@ -175,10 +175,17 @@ def _resolve_official(
 
 def _cat_file_batch(repo: Path, queries: list[str], *, first_field: str) -> list[tuple[str, bytes]]:
     env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0")
-    stdin = "".join(q + "\n" for q in queries).encode()
+    # NUL-terminated queries (-z): no byte of a query can end it early, and queries
+    # holding a control character never get here (the manifest rejects them), so no
+    # input can shift git's answers onto another query (R5).
+    if any(c < " " or c == "\x7f" for q in queries for c in q):
+        raise InvalidInput(
+            f"{first_field}: a git query holds a control character", field=first_field
+        )
+    stdin = "".join(q + "\0" for q in queries).encode()
     try:
         proc = subprocess.run(
-            [_git(), "-c", "safe.directory=*", "-C", str(repo), "cat-file", "--batch"],
+            [_git(), "-c", "safe.directory=*", "-C", str(repo), "cat-file", "--batch", "-z"],
             input=stdin,
             capture_output=True,
             env=env,

@@ -45,7 +45,14 @@ _MYSQL_UNAVAILABLE = {1044, 1045, 1049, 2002, 2003, 2005, 2006, 2013, 2055}
 
 
 def resolve_url(explicit: str | None) -> str:
-    """``--db`` wins, then ``CATALOG_LEDGER_DB``, then the SQLite default."""
+    """``--db`` wins, then ``CATALOG_LEDGER_DB``, then the SQLite default.
+
+    An empty ``--db`` is a mistake, not a request for the default store.
+    """
+    if explicit is not None and not explicit.strip():
+        raise InvalidInput(
+            "--db is empty; give a store URL such as sqlite:///catalog.db", field="db"
+        )
     return explicit or os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
@@ -69,6 +76,14 @@ def _normalize(url_text: str) -> tuple[URL, Dialect]:
         if database in ("", ":memory:") or database.startswith("file::memory:"):
             raise InvalidInput(
                 "an in-memory SQLite database is not a durable store; give a file path",
+                field="db",
+            )
+        if url.query or database.startswith("file:"):
+            # The driver would ignore ?mode=ro (and friends) and open the file
+            # read-write: refuse rather than pretend.
+            raise InvalidInput(
+                "SQLite URL options (such as ?mode=ro) are not supported; give "
+                "sqlite:///PATH (read-only commands never write)",
                 field="db",
             )
         return url.set(drivername="sqlite+pysqlite"), "sqlite"
@@ -179,11 +194,22 @@ class Database:
                 other.dispose()
 
 
-def open_database(url_text: str, *, pool_size: int = 5) -> Database:
-    """Open (but do not initialize) the store at ``url_text``."""
+def open_database(url_text: str, *, pool_size: int = 5, create: bool = True) -> Database:
+    """Open (but do not initialize) the store at ``url_text``.
+
+    ``create=False`` refuses a SQLite file that does not exist instead of
+    leaving a new empty one behind (only ``init`` creates a store).
+    """
     url, dialect = _normalize(url_text)
     display = url.render_as_string(hide_password=True)
     if dialect == "sqlite":
+        path = Path(url.database or "").expanduser()
+        if not create and not path.is_file():
+            raise InvalidInput(
+                f"there is no store at {path} (no such file); `catalog-ledger init` creates one",
+                field="db",
+                path=str(path),
+            )
         engine = _sqlite_engine(url)
         return Database(
             engine=engine,
@@ -317,7 +343,7 @@ def translate_errors() -> Iterator[None]:
     """Re-raise driver failures as typed errors (typed errors pass through)."""
     try:
         yield
-    except LedgerError:
-        raise
+    except (LedgerError, BrokenPipeError):
+        raise  # a closed stdout is the reader's business, not the store's
     except (sa.exc.SQLAlchemyError, sqlite3.Error, pymysql.err.MySQLError, OSError) as exc:
         raise translate(exc) from exc

@@ -22,6 +22,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -37,7 +38,7 @@ from eventsourcing.persistence import (
 from sqlalchemy.engine import Connection
 
 from domain.digests import ZERO_CHAIN, event_id, next_chain
-from domain.errors import Conflict, InvalidInput
+from domain.errors import Conflict, IntegrityFailure, InvalidInput
 from domain.log import LoggedEvent
 from ledger.log import tables as schema
 from ledger.log.crashpoints import crashpoint
@@ -63,6 +64,26 @@ class AppendResult:
     @property
     def positions(self) -> list[int]:
         return [row.position for row in self.rows]
+
+
+@contextmanager
+def stored_types(what: str, position: Callable[[], object]) -> Iterator[None]:
+    """Turn a stored value of the wrong type into INTEGRITY naming the row (R22).
+
+    The log's columns are declared binary and integer; SQLite's dynamic typing
+    lets a hand edit store TEXT instead (``replace()`` does). Converting such a
+    value fails with a TypeError or AttributeError deep in a read: that is
+    tampering, reported as such, never a crash. The guard costs nothing on
+    rows of the declared types.
+    """
+    try:
+        yield
+    except (TypeError, AttributeError, ValueError, UnicodeDecodeError) as exc:
+        raise IntegrityFailure(
+            f"{what} at position {position()} is not stored as its declared type "
+            f"({type(exc).__name__}: {exc}); the row was edited outside the store",
+            position=position(),
+        ) from None
 
 
 def _uuid(value: UUID | str) -> UUID:
@@ -372,18 +393,23 @@ class LedgerRecorder(ApplicationRecorder):
         if upto is not None:
             query = query.where(ev.c.position <= upto)
         query = query.order_by(ev.c.position).limit(limit)
-        return [
-            LoggedEvent(
-                position=int(pos),
-                aggregate_id=UUID(bytes=bytes(agg)),
-                version=int(ver),
-                topic=bytes(topic).decode("utf-8", "replace"),
-                state=bytes(state),
-                event_id=bytes(eid),
-                chain=bytes(chain),
-            )
-            for pos, agg, ver, topic, state, eid, chain in conn.execute(query)
-        ]
+        out: list[LoggedEvent] = []
+        last: list[object] = [after]
+        with stored_types("the log row", lambda: last[0]):
+            for pos, agg, ver, topic, state, eid, chain in conn.execute(query):
+                last[0] = pos
+                out.append(
+                    LoggedEvent(
+                        position=int(pos),
+                        aggregate_id=UUID(bytes=_binary(agg)),
+                        version=int(ver),
+                        topic=_binary(topic).decode("utf-8", "replace"),
+                        state=_binary(state),
+                        event_id=_binary(eid),
+                        chain=_binary(chain),
+                    )
+                )
+        return out
 
     def scan(
         self,
@@ -412,13 +438,18 @@ class LedgerRecorder(ApplicationRecorder):
             f"ORDER BY position LIMIT {int(page)}"
         )
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        at: list[object] = [after]
         try:
             position = after
             while position < upto:
                 cursor.execute(sql, [position, upto, *topic_params])
                 rows = cursor.fetchall()
-                for pos, topic, state in rows:
-                    yield pos, topic.decode(), state
+                with stored_types("the log row", lambda: at[0]):
+                    for pos, topic, state in rows:
+                        at[0] = pos
+                        if type(state) is not bytes:
+                            raise TypeError(f"state is {type(state).__name__}")
+                        yield pos, topic.decode(), state
                 if len(rows) < page:
                     return
                 position = rows[-1][0]
@@ -438,21 +469,24 @@ class LedgerRecorder(ApplicationRecorder):
             f"WHERE position > {self._p}{bound} ORDER BY position LIMIT {int(page)}"
         )
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        at: list[object] = [after]
         try:
             position = after
             while True:
                 cursor.execute(sql, (position,))
                 rows = cursor.fetchall()
-                for row in rows:
-                    yield (
-                        int(row[0]),
-                        bytes(row[1]),
-                        int(row[2]),
-                        bytes(row[3]),
-                        bytes(row[4]),
-                        bytes(row[5]),
-                        bytes(row[6]),
-                    )
+                with stored_types("the log row", lambda: at[0]):
+                    for row in rows:
+                        at[0] = row[0]
+                        yield (
+                            int(row[0]),
+                            _binary(row[1]),
+                            int(row[2]),
+                            _binary(row[3]),
+                            _binary(row[4]),
+                            _binary(row[5]),
+                            _binary(row[6]),
+                        )
                 if len(rows) < page:
                     return
                 position = int(rows[-1][0])
@@ -487,6 +521,15 @@ class LedgerRecorder(ApplicationRecorder):
             position = rows[-1].position
             if len(rows) < batch:
                 return
+
+
+def _binary(value: object) -> bytes:
+    """A binary column's value; anything but bytes (TEXT, a number) is a TypeError."""
+    if type(value) is bytes:
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"a binary column holds {type(value).__name__}")
 
 
 def _row_params(row: LoggedEvent) -> tuple[Any, ...]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
+from domain.errors import IntegrityFailure
+
 MYSQL_FAMILY = ("mysql", "mariadb")
 
 
@@ -35,5 +37,21 @@ def enc(text: str) -> bytes:
 
 
 def dec(data: bytes) -> str:
-    """Stored identity bytes back to text (they were valid UTF-8 on write)."""
-    return bytes(data).decode("utf-8")
+    """Stored identity bytes back to text (they were valid UTF-8 on write).
+
+    Anything else (TEXT or a number stored by a hand edit, bytes that are not
+    UTF-8) is tampering: INTEGRITY, never a crash.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise IntegrityFailure(
+            f"a stored identity is {type(data).__name__}, where the schema declares binary: "
+            "a view row was edited outside the store; `catalog-ledger projections rebuild` "
+            "rebuilds it from the log",
+            found=type(data).__name__,
+        )
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError:
+        raise IntegrityFailure(
+            "a stored identity is not UTF-8: a row was edited outside the store"
+        ) from None

@@ -14,9 +14,17 @@ import time
 from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
-from domain.errors import Unavailable
+from domain import errors
+from domain.errors import LedgerError, Unavailable
 from ledger.log.db import open_database
 from projections.runner import GroupBuilder, Progress
+
+#: Typed errors a worker reports by class name, raised again in the parent.
+_ERRORS: dict[str, type[LedgerError]] = {
+    name: cls
+    for name, cls in vars(errors).items()
+    if isinstance(cls, type) and issubclass(cls, LedgerError)
+}
 
 
 def default_workers() -> int:
@@ -42,6 +50,8 @@ def _worker(
 
         errors = ledger.runner.build_versions(db, names, versions, head0, progress)
         results.put(("ok", errors))
+    except LedgerError as exc:  # typed: the parent raises the same error (INTEGRITY, …)
+        results.put(("error", (type(exc).__name__, exc.message, exc.details)))
     except BaseException as exc:
         results.put(("failed", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -82,6 +92,9 @@ def process_builder(url: str) -> GroupBuilder:
             proc.join()
         errors: dict[str, dict[str, Any]] = {}
         for status, payload in outcomes:
+            if status == "error":
+                name, message, details = payload
+                raise _ERRORS.get(name, LedgerError)(message, **details)
             if status != "ok":
                 raise Unavailable(f"a rebuild worker failed: {payload}")
             errors.update(payload)

@@ -129,7 +129,8 @@ def sweep(
             assert error.code == "UNAVAILABLE", f"{where}: {error.code} {error.message}"
             assert error.exit_code == 1
             outcomes["error"] += 1
-            assert not error.message.rstrip().endswith(":"), f"{where}: no cause given"
+            cause = error.details.get("driver_error")
+            assert cause and str(cause) in error.message, f"{where}: no cause given"
         else:
             assert result is not None
             # The loss came after the outcome was decided (e.g. lease release).
