@@ -166,6 +166,16 @@ def final_state(url: str) -> dict[str, Any]:
                     "ORDER BY revision DESC LIMIT 1"
                 )
             ).one()
+            # Every generation that was ever activated (active now, or retired since).
+            activated = sorted(
+                bytes(r[0]).decode()
+                for r in conn.execute(
+                    sa.text(
+                        "SELECT install_id FROM _System_PackGeneration WHERE status IN (:a, :r)"
+                    ),
+                    {"a": b"active", "r": b"retired"},
+                )
+            )
         reader = CatalogReader(db)
         views = {}
         for audience in AUDIENCES:
@@ -180,6 +190,7 @@ def final_state(url: str) -> dict[str, Any]:
             "views": views,
             "content_digest": bytes(head[1]).decode(),
             "head": ledger.recorder.head().position,
+            "activated_install_ids": activated,
         }
     finally:
         db.close()

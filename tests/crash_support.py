@@ -7,6 +7,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -78,8 +79,14 @@ def count_points(kind: str, folder: Path, server: Server | None) -> tuple[int, d
         return int(count_file.read_text()), final_state(url)
 
 
-def check_after_kill(url: str, workdir: Path, reference: dict[str, Any]) -> list[str]:
-    """What must hold after a kill, after the next lease holder, and after a re-run."""
+def check_after_kill(url: str, workdir: Path, reference: dict[str, Any]) -> tuple[list[str], bool]:
+    """What must hold after a kill, after the next lease holder, and after a re-run.
+
+    Also returns whether the kill fell between a prepare and its activation: an
+    attempt left ``preparing`` that the uninterrupted run activated. Only then must
+    the re-run converge on a fresh incarnation (a new install id, another digest);
+    after any other kill it converges on the reference's exact digest.
+    """
     problems: list[str] = []
     db = open_database(url)
     try:
@@ -90,7 +97,14 @@ def check_after_kill(url: str, workdir: Path, reference: dict[str, Any]) -> list
         report = verify_log(ledger)
         if not report.ok:
             problems.append(f"after the kill: {report.first()}")
-        with CommandService(ledger, lease_ttl=2.0, lease_wait=30.0).leased():
+        with db.read() as conn:
+            abandoned = {i for _, i in preparing_generations(conn)}
+        between = bool(abandoned & set(reference["activated_install_ids"]))
+        # The next lease holder, with a clock past the dead holder's lease (no waiting).
+        later = CommandService(
+            ledger, lease_ttl=2.0, lease_wait=0, clock=lambda: time.time() + 3600
+        )
+        with later.leased():
             pass
         with db.read() as conn:
             survivors = preparing_generations(conn)
@@ -110,7 +124,7 @@ def check_after_kill(url: str, workdir: Path, reference: dict[str, Any]) -> list
             problems.append(f"after the re-run: {report.first()}")
     finally:
         db.close()
-    return problems
+    return problems, between
 
 
 def sweep(
@@ -129,11 +143,22 @@ def sweep(
                 result.failures.append(f"point {n}: the scenario was not killed")
                 continue
             result.killed += 1
-            for problem in check_after_kill(url, workdir, reference):
-                result.failures.append(f"point {n}: {problem}")
+            problems, between = check_after_kill(url, workdir, reference)
+            result.failures.extend(f"point {n}: {problem}" for problem in problems)
             final = final_state(url)
-            if final["content_digest"] == reference["content_digest"]:
-                result.exact_digest += 1
-            else:
+            same = final["content_digest"] == reference["content_digest"]
+            if between:
+                # Killed between a prepare and its activation: the attempt is failed_dirty
+                # and the re-run activates a fresh incarnation (a new install id).
                 result.fresh_incarnation += 1
+                if same:
+                    result.failures.append(f"point {n}: a fresh incarnation, same digest")
+            else:
+                result.exact_digest += 1
+                if not same:
+                    result.failures.append(
+                        f"point {n}: not between a prepare and its activation, yet the "
+                        f"digest differs: {final['content_digest']} != "
+                        f"{reference['content_digest']}"
+                    )
     return result

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from domain.classifier import PackState
 from domain.errors import LifecycleRejected
 from domain.identity import PackName
-from domain.lifecycle import Generation, install_id_for
+from domain.lifecycle import Generation, PackActivation, PackHistory, install_id_for
 from domain.log import LoggedEvent
 from domain.matrix import Install
 from ledger.log.db import open_database
@@ -223,3 +223,88 @@ def test_r11_the_terminal_recheck_alone_rejects_a_stale_decision(
     assert info.value.reason == "ALREADY_ACTIVE"
     appended = world.topics()[len(before) :]
     assert appended == ["lease.acquired", "lease.released"]  # no generation at all
+
+
+# -- R13: inconsistent states fail closed everywhere they are read ----------------------------
+
+
+def _generation(world: World, commit: str, install_id: str, ordinal: int = 1) -> Generation:
+    target = world.resolved("ghost", commit)
+    return Generation(
+        pack="ghost",
+        install_id=install_id,
+        ordinal=ordinal,
+        origin="install",
+        category=target.content.category,
+        source=target.source.to_json(),
+        payload_hash=target.content.payload_hash_v1,
+        components=target.content.canonical_set(),
+        from_install_id=None,
+    )
+
+
+def _pointer_without_history(world: World, commit: str) -> list[Any]:
+    return [PackActivation.start(_generation(world, commit, "a" * 32))]
+
+
+def _pointer_to_a_missing_generation(world: World, commit: str) -> list[Any]:
+    g = _generation(world, commit, "a" * 32)
+    history = PackHistory(pack="ghost", install_id=g.install_id, origin="install")
+    return [g, history, PackActivation.start(_generation(world, commit, "b" * 32))]
+
+
+def _pointer_to_a_retired_generation(world: World, commit: str) -> list[Any]:
+    g = _generation(world, commit, "a" * 32)
+    history = PackHistory(pack="ghost", install_id=g.install_id, origin="install")
+    g.activate(epoch=1)
+    pointer = PackActivation.start(g)
+    g.retire(successor_install_id="c" * 32, epoch=2)
+    return [g, history, pointer]
+
+
+def _epoch_disagreement(world: World, commit: str) -> list[Any]:
+    g = _generation(world, commit, "a" * 32)
+    history = PackHistory(pack="ghost", install_id=g.install_id, origin="install")
+    g.activate(epoch=3)
+    return [g, history, PackActivation.start(g)]  # the pointer says epoch 1
+
+
+def _non_canonical_install_id(world: World, commit: str) -> list[Any]:
+    g = _generation(world, commit, " a ")
+    history = PackHistory(pack="ghost", install_id=g.install_id, origin="install")
+    g.activate(epoch=1)
+    return [g, history, PackActivation.start(g)]
+
+
+CRAFTED = {
+    "an activation pointer without generation history": _pointer_without_history,
+    "the activation names a generation that is not in the log": _pointer_to_a_missing_generation,
+    "which is retired": _pointer_to_a_retired_generation,
+    "the active generation and the activation disagree": _epoch_disagreement,
+    "is not canonical": _non_canonical_install_id,
+}
+
+
+@pytest.mark.parametrize("found", sorted(CRAFTED))
+def test_r13_a_crafted_inconsistent_state_fails_apply_and_publish_closed(
+    world: World, found: str
+) -> None:
+    commit = world.commit("ghost", 1)
+    world.ledger.app.save(*CRAFTED[found](world, commit))  # straight into the log
+    head = world.head()
+    # Publication reads the views (apply does too, before it classifies), which hold no
+    # pack history: a pointer without history is there a pointer to a missing generation.
+    seen = {
+        "an activation pointer without generation history": (
+            "the activation names a generation that is not in the log"
+        )
+    }.get(found, found)
+    for command in (
+        lambda: world.apply(world.official("ghost", world.commit("ghost", 2))),
+        world.service.publish,
+    ):
+        with pytest.raises(LifecycleRejected) as info:
+            command()
+        assert info.value.reason == "INCONSISTENT_STATE", info.value.to_json()
+        assert seen in info.value.details["found"] and info.value.details["pack"] == "ghost"
+    assert world.head() == head

@@ -23,6 +23,8 @@ from sqlalchemy.engine import Connection
 
 from domain.catalog import CATALOG_NAME, AudienceBindings, Catalog, audience_bindings_id, catalog_id
 from domain.coordination import CommandRecord
+from domain.errors import LifecycleRejected
+from domain.identity import identity_problem
 from domain.lifecycle import activation_id, generation_id, history_id
 from ledger.commands.core import ServiceCore
 from ledger.commands.results import CatalogCounts, CatalogOutcome, PublishResult
@@ -120,12 +122,18 @@ def read_authorities(
         )
     }
     newest: dict[str, tuple[str, str]] = {}
+    generations: dict[tuple[str, str], tuple[str, str | None, int | None]] = {}
     for r in conn.execute(
-        sa.select(gen.c.pack, gen.c.install_id, gen.c.status)
+        sa.select(
+            gen.c.pack, gen.c.install_id, gen.c.status, gen.c.applied_payload_hash, gen.c.epoch
+        )
         .where(gen.c.view_version == versions[PackGenerationView.name])
         .order_by(gen.c.pack, gen.c.ordinal)
     ):
-        newest[dec(r.pack)] = (dec(r.install_id), dec(r.status))
+        pack, install_id, status = dec(r.pack), dec(r.install_id), dec(r.status)
+        newest[pack] = (install_id, status)
+        applied = dec(r.applied_payload_hash) if r.applied_payload_hash is not None else None
+        generations[(pack, install_id)] = (status, applied, r.epoch)
     components: dict[str, dict[tuple[str, str], Fact]] = {}
     query = (
         sa.select(comp.c.pack, comp.c.fact, comp.c.fact_digest)
@@ -139,14 +147,15 @@ def read_authorities(
         )
         .where(comp.c.view_version == versions[PackComponentView.name])
     )
-    for r in conn.execute(query):
-        fact = Fact.parse(bytes(r.fact), bytes(r.fact_digest))
-        components.setdefault(dec(r.pack), {})[(fact.kind, fact.key)] = fact
+    for c in conn.execute(query):
+        fact = Fact.parse(bytes(c.fact), bytes(c.fact_digest))
+        components.setdefault(dec(c.pack), {})[(fact.kind, fact.key)] = fact
     packs: dict[str, PackAuthority] = {}
     for r in conn.execute(
         sa.select(act).where(act.c.view_version == versions[PackActivationView.name])
     ):
         pack = dec(r.pack)
+        _check_activation(pack, dec(r.install_id), dec(r.payload_hash), int(r.epoch), generations)
         packs[pack] = PackAuthority(
             pack=pack,
             source_kind="official_repo",
@@ -167,6 +176,36 @@ def read_authorities(
                 pack=pack, source_kind="absent", dirty=status == "failed_dirty"
             )
     return packs, {p: i for p, (i, _) in newest.items()}
+
+
+def _check_activation(
+    pack: str,
+    install_id: str,
+    payload_hash: str,
+    epoch: int,
+    generations: Mapping[tuple[str, str], tuple[str, str | None, int | None]],
+) -> None:
+    """The pointer must select an active generation that agrees with it (R13): the same
+    classifier rules as the command side, on the views publication reads from."""
+    found = None
+    problem = identity_problem(install_id)
+    generation = generations.get((pack, install_id))
+    if problem is not None:
+        found = f"activation install id {install_id!r} is not canonical: {problem}"
+    elif generation is None:
+        found = "the activation names a generation that is not in the log"
+    elif generation[0] != "active":
+        found = f"the activation names generation {install_id} which is {generation[0]}"
+    elif generation[1] != payload_hash or generation[2] != epoch:
+        found = "the active generation and the activation disagree"
+    if found is not None:
+        raise LifecycleRejected(
+            f"pack {pack!r} is in an inconsistent state: {found}",
+            reason="INCONSISTENT_STATE",
+            rule="R13",
+            pack=pack,
+            found=found,
+        )
 
 
 def read_parent(conn: Connection, version: int) -> ParentState:
