@@ -28,7 +28,7 @@ import orjson
 
 from domain.catalog import audience_digest
 from domain.content import fact_hasher
-from domain.errors import IntegrityFailure, InvalidInput, Missing, Stale
+from domain.errors import IntegrityFailure, InvalidInput, LifecycleRejected, Missing, Stale
 from domain.identity import Audience
 from projections.catalog_views import OPEN
 
@@ -105,11 +105,13 @@ def _live(name: str) -> str:
 _VIEW_SQL = """
 SELECT h.stopped, h.revision, r.content_digest, u.digest,
        g.pack, g.kind, g.{key}, g.credential_set, g.install_id, g.payload_hash,
-       c.fact, c.fact_digest, a.install_id
-FROM (SELECT s.stopped, s.cv, s.pv, s.av,
+       c.fact, c.fact_digest, a.install_id,
+       a.epoch, a.payload_hash, n.status, n.epoch, n.applied_payload_hash
+FROM (SELECT s.stopped, s.cv, s.pv, s.av, s.nv,
              (SELECT MAX(revision) FROM view_catalog_revision WHERE view_version = s.cv)
                AS revision
-      FROM (SELECT MAX(stopped) AS stopped, {cat} AS cv, {comp} AS pv, {act} AS av
+      FROM (SELECT MAX(stopped) AS stopped, {cat} AS cv, {comp} AS pv, {act} AS av,
+                   {gen} AS nv
             FROM projection_state WHERE name IN ({views})) s) h
 LEFT JOIN view_catalog_revision r ON r.view_version = h.cv AND r.revision = h.revision
 LEFT JOIN view_catalog_audience u
@@ -122,10 +124,13 @@ LEFT JOIN view_pack_component c
   ON c.view_version = h.pv AND c.pack = g.pack AND c.install_id = g.install_id
   AND c.kind = g.kind AND c.{key} = g.{key}
 LEFT JOIN view_pack_activation a ON a.view_version = h.av AND a.pack = g.pack
+LEFT JOIN view_pack_generation n
+  ON n.view_version = h.nv AND n.pack = a.pack AND n.install_id = a.install_id
 """
 
 _VIEWS = ", ".join(
-    f"X'{n.encode().hex()}'" for n in ("catalog", "pack_component", "pack_activation")
+    f"X'{n.encode().hex()}'"
+    for n in ("catalog", "pack_component", "pack_activation", "pack_generation")
 )
 
 _HEAD_SQL = """
@@ -154,6 +159,7 @@ class CatalogReader:
             cat=_live("catalog"),
             comp=_live("pack_component"),
             act=_live("pack_activation"),
+            gen=_live("pack_generation"),
         )
 
     def head(self) -> CatalogHead:
@@ -203,6 +209,34 @@ def _fact_matches(
     return fact_hasher(pack, install_id, payload_hash)(fact) == stored
 
 
+def _consistent(
+    pack: str,
+    active: bytes,
+    epoch: int,
+    payload_hash: bytes,
+    status: bytes | None,
+    generation_epoch: int | None,
+    applied: bytes | None,
+) -> None:
+    """The pointer selects an active generation that agrees with it (R13), or the read
+    fails closed naming what was found (the classifier's rules, on the views)."""
+    if status is None:
+        found = "the activation names a generation that is not in the log"
+    elif status != b"active":
+        found = f"the activation names generation {active.decode()} which is {status.decode()}"
+    elif generation_epoch != epoch or applied != payload_hash:
+        found = "the active generation and the activation disagree"
+    else:
+        return
+    raise LifecycleRejected(
+        f"pack {pack!r} is in an inconsistent state: {found}",
+        reason="INCONSISTENT_STATE",
+        rule="R13",
+        pack=pack,
+        found=found,
+    )
+
+
 # A verified view is cached by its *complete* stored input (the exact rows, fact
 # bytes and digests included, the revision and the recorded digests): unchanged
 # rows skip re-verification, while a single changed byte is another key and is
@@ -217,9 +251,12 @@ def _verified(
 ) -> AudienceView:
     grants: list[list[Any]] = []
     facts: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    for pack_b, kind_b, key_b, cred_b, install_b, hash_b, fact, fact_digest, active_b in rows:
+    for row in rows:
+        pack_b, kind_b, key_b, cred_b, install_b, hash_b, fact, fact_digest, active_b = row[:9]
         pack, kind, key = pack_b.decode(), kind_b.decode(), key_b.decode()
         install_id, payload_hash = install_b.decode(), hash_b.decode()
+        if active_b is not None:
+            _consistent(pack, active_b, *row[9:])
         if active_b != install_b:
             raise Stale(
                 f"pack {pack!r} is no longer served by the bound generation {install_id}",

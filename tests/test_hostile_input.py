@@ -186,6 +186,10 @@ class Tagged(Generic[T]):
 
     kind: str
     value: T
+    #: The outcome this input must have when it is known without running it
+    #: ("INVALID"), and the field the error must name (its JSON path), if known.
+    expect: str | None = None
+    field: str | None = None
 
     def __repr__(self) -> str:
         text = repr(self.value)
@@ -515,6 +519,18 @@ def _set(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
     return doc
 
 
+#: The members of NUMBERS that are valid integers (within the signed 64-bit range).
+VALID_INTEGERS: tuple[Any, ...] = (Raw("-0"), 2**63 - 1, -(2**63))
+
+
+def json_path(path: tuple[Any, ...]) -> str:
+    """A node's JSON path as errors name it: ``packs[0].source.path`` (``$``: the root)."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "$"
+
+
 def deep(levels: int, *, objects: bool = False) -> Raw:
     if objects:
         return Raw('{"a":' * levels + "1" + "}" * levels)
@@ -547,7 +563,10 @@ def mutated_docs(draw: st.DrawFn, base: Any) -> Tagged[Any]:
         op = f"hostile string: {text.kind}"
         doc = _set(doc, path, text.value)
     elif op == "number":
-        doc = _set(doc, path, draw(st.sampled_from(NUMBERS)))
+        number = draw(st.sampled_from(NUMBERS))
+        doc = _set(doc, path, number)
+        if number not in VALID_INTEGERS:  # a float or out of range: refused where it stands
+            return Tagged(op, doc, "INVALID", json_path(path))
     elif op == "deep nesting":
         doc = _set(doc, path, deep(draw(st.sampled_from(DEPTHS)), objects=draw(st.booleans())))
     elif op == "huge value":
@@ -564,10 +583,14 @@ def mutated_docs(draw: st.DrawFn, base: Any) -> Tagged[Any]:
     elif op == "extra field":
         name = draw(st.sampled_from(["extra", "", "name", "\ud800", "Name", " kind"]))
         node[name + ("" if name not in node else "_")] = draw(junk_values())
+        # Documents are strict (no unknown fields) except inside a component's free-form
+        # payload, where any JSON object is content.
+        return Tagged(op, doc, None if "payload" in path else "INVALID")
     elif op == "duplicate key":
         key = draw(st.sampled_from(sorted(node))) if node else "k"
         other = draw(st.one_of(st.just(node.get(key)), junk_values()))
         doc = _set(doc, path, Dup((*node.items(), (key, other))))
+        return Tagged(op, doc, "INVALID")  # a repeated key is never read silently
     elif op == "duplicated element":
         if node:
             node.append(copy.deepcopy(node[0]))
@@ -661,7 +684,10 @@ def raw_files(draw: st.DrawFn, valid: bytes) -> Tagged[bytes | Shape]:
     else:
         data = draw(st.sampled_from(list(Shape)))
         kind = f"{data.value} instead of a file"
-    return Tagged(kind, data)
+    # These are never a readable JSON document; a huge file may be a padded valid one,
+    # and BOMs and file-system shapes are judged by running them.
+    unreadable = not kind.startswith(("huge file", "UTF-8 BOM")) and "instead of" not in kind
+    return Tagged(kind, data, "INVALID" if unreadable else None)
 
 
 def hostile_files(base: Any) -> st.SearchStrategy[Tagged[bytes | Shape]]:
@@ -671,7 +697,8 @@ def hostile_files(base: Any) -> st.SearchStrategy[Tagged[bytes | Shape]]:
     def as_bytes(pair: tuple[Tagged[Any], bool]) -> Tagged[bytes | Shape]:
         spoiled, ascii_only = pair
         data = encode(spoiled.value, ascii_only=ascii_only)
-        return Tagged(spoiled.kind + ("" if ascii_only else " (raw UTF-8)"), data)
+        kind = spoiled.kind + ("" if ascii_only else " (raw UTF-8)")
+        return Tagged(kind, data, spoiled.expect, spoiled.field)
 
     return st.one_of(
         raw_files(valid),
@@ -1146,9 +1173,18 @@ def test_r1_manifest_identities_apply_or_reject_naming_the_spot(
 # == R4: hostile manifest files =============================================================
 
 
-def check_manifest_file(stage: Stage, content: bytes | Shape, as_json: bool) -> str:
-    path = place(stage.folder() / "release.json", content)
-    code, _ = stage.attempt("apply", str(path), as_json=as_json)
+def expected(hostile: Tagged[Any], code: str, outcome: Outcome, as_json: bool) -> None:
+    """Where the outcome is known without running the input, it must be exactly that."""
+    if hostile.expect is not None:
+        assert code == hostile.expect, f"{hostile.kind}: expected {hostile.expect}: {outcome}"
+    if hostile.field is not None and as_json:
+        assert outcome.field == hostile.field, f"{hostile.kind}: wrong field: {outcome}"
+
+
+def check_manifest_file(stage: Stage, hostile: Tagged[bytes | Shape], as_json: bool) -> str:
+    path = place(stage.folder() / "release.json", hostile.value)
+    code, outcome = stage.attempt("apply", str(path), as_json=as_json)
+    expected(hostile, code, outcome, as_json)
     return code
 
 
@@ -1158,14 +1194,17 @@ def test_r4_hostile_manifest_files_apply_or_reject_without_partial_append(
     stage: Stage, content: st.DataObject, as_json: bool, tally: Counter[str]
 ) -> None:
     hostile = content.draw(hostile_files(stage.base_manifest()))
-    tally[f"{hostile.kind} -> {check_manifest_file(stage, hostile.value, as_json)}"] += 1
+    tally[f"{hostile.kind} -> {check_manifest_file(stage, hostile, as_json)}"] += 1
 
 
 # == R4: hostile pack.json (local directory and git commit) =================================
 
 
-def check_pack_file(stage: Stage, content: bytes | Shape, source: str, as_json: bool) -> str:
-    """A release adding pack "hostile" whose pack.json is ``content``."""
+def check_pack_file(
+    stage: Stage, hostile: Tagged[bytes | Shape], source: str, as_json: bool
+) -> str:
+    """A release adding pack "hostile" whose pack.json is ``hostile``."""
+    content = hostile.value
     folder = stage.folder()
     doc = stage.base_manifest()
     if source == "local_path":
@@ -1185,7 +1224,8 @@ def check_pack_file(stage: Stage, content: bytes | Shape, source: str, as_json: 
         doc["packs"].append(official("hostile", repo.path, commit, "hostile/pack.json"))
     manifest = folder / "release.json"
     manifest.write_bytes(encode(doc))
-    code, _ = stage.attempt("apply", str(manifest), as_json=as_json)
+    code, outcome = stage.attempt("apply", str(manifest), as_json=as_json)
+    expected(hostile, code, outcome, as_json)
     return code
 
 
@@ -1201,16 +1241,17 @@ def test_r4_hostile_pack_json_installs_or_rejects_without_partial_append(
     hostile = content.draw(hostile_files(PACK_DOC))
     if source == "official_repo" and hostile.value in (Shape.DEV_ZERO, Shape.SYMLINK_LOOP):
         source = "local_path"  # git stores the link itself, not what it points at
-    code = check_pack_file(stage, hostile.value, source, as_json)
+    code = check_pack_file(stage, hostile, source, as_json)
     tally[f"{source}: {hostile.kind} -> {code}"] += 1
 
 
 # == R7: hostile legacy records =============================================================
 
 
-def check_legacy_file(stage: Stage, content: bytes | Shape, as_json: bool) -> str:
-    path = place(stage.folder() / "legacy.json", content)
-    code, _ = stage.attempt("import-legacy", str(path), as_json=as_json)
+def check_legacy_file(stage: Stage, hostile: Tagged[bytes | Shape], as_json: bool) -> str:
+    path = place(stage.folder() / "legacy.json", hostile.value)
+    code, outcome = stage.attempt("import-legacy", str(path), as_json=as_json)
+    expected(hostile, code, outcome, as_json)
     return code
 
 
@@ -1220,7 +1261,7 @@ def test_r7_hostile_legacy_records_import_or_reject_without_partial_append(
     stage: Stage, content: st.DataObject, as_json: bool, tally: Counter[str]
 ) -> None:
     hostile = content.draw(hostile_files(LEGACY_DOC))
-    tally[f"{hostile.kind} -> {check_legacy_file(stage, hostile.value, as_json)}"] += 1
+    tally[f"{hostile.kind} -> {check_legacy_file(stage, hostile, as_json)}"] += 1
 
 
 # == R19: whole CLI argument vectors ========================================================

@@ -308,3 +308,26 @@ def test_r13_a_crafted_inconsistent_state_fails_apply_and_publish_closed(
         assert info.value.reason == "INCONSISTENT_STATE", info.value.to_json()
         assert seen in info.value.details["found"] and info.value.details["pack"] == "ghost"
     assert world.head() == head
+
+
+@pytest.mark.parametrize("found", ["which is retired", "not in the log"])
+def test_r13_the_reader_fails_closed_on_an_inconsistent_activation(
+    world: World, found: str
+) -> None:
+    c1 = world.commit("ghost", 1)
+    bindings = push_closure("integration:a", "ghost")
+    world.service.apply(world.manifest([world.official("ghost", c1)], bindings))
+    state = world.state("ghost")
+    assert state.active is not None and state.activation is not None
+    if found == "which is retired":  # the generation retires, the pointer stays
+        state.active.retire(successor_install_id="c" * 32, epoch=2)
+        world.ledger.app.save(state.active)
+    else:  # the pointer moves to a generation that was never prepared
+        state.activation.advance(_generation(world, c1, "b" * 32, ordinal=2))
+        world.ledger.app.save(state.activation)
+    code, error = cli_json("--db", world.url, "view", "integration:a")
+    assert (code, error["details"]["reason"]) == (5, "INCONSISTENT_STATE"), error
+    assert found in error["details"]["found"] and error["details"]["pack"] == "ghost", error
+    with pytest.raises(LifecycleRejected) as info:
+        world.service.publish()
+    assert info.value.reason == "INCONSISTENT_STATE"

@@ -116,7 +116,7 @@ def test_r4_hostile_manifest_files_apply_or_reject_without_partial_append(
     stage: h.Stage, data: st.DataObject, as_json: bool, tally: Counter[str]
 ) -> None:
     hostile = data.draw(h.hostile_files(stage.base_manifest()))
-    tally[f"{hostile.kind} -> {h.check_manifest_file(stage, hostile.value, as_json)}"] += 1
+    tally[f"{hostile.kind} -> {h.check_manifest_file(stage, hostile, as_json)}"] += 1
 
 
 @pytest.mark.campaign
@@ -132,7 +132,7 @@ def test_r4_hostile_pack_json_installs_or_rejects_without_partial_append(
     hostile = data.draw(h.hostile_files(h.PACK_DOC))
     if source == "official_repo" and hostile.value in (h.Shape.DEV_ZERO, h.Shape.SYMLINK_LOOP):
         source = "local_path"
-    code = h.check_pack_file(stage, hostile.value, source, as_json)
+    code = h.check_pack_file(stage, hostile, source, as_json)
     tally[f"{source}: {hostile.kind} -> {code}"] += 1
 
 
@@ -143,7 +143,7 @@ def test_r7_hostile_legacy_records_import_or_reject_without_partial_append(
     stage: h.Stage, data: st.DataObject, as_json: bool, tally: Counter[str]
 ) -> None:
     hostile = data.draw(h.hostile_files(h.LEGACY_DOC))
-    tally[f"{hostile.kind} -> {h.check_legacy_file(stage, hostile.value, as_json)}"] += 1
+    tally[f"{hostile.kind} -> {h.check_legacy_file(stage, hostile, as_json)}"] += 1
 
 
 @pytest.mark.campaign
