@@ -66,7 +66,7 @@ def test_r16_readme_python_example_runs_and_publishes(tmp_path: Path) -> None:
     assert lines[2] == f"True {audit['size']}"
 
 
-def test_every_cli_command_has_its_api_method() -> None:
+def test_r16_every_cli_command_has_its_api_method() -> None:
     """sqlite-utils style: the CLI's commands and the API's methods are the same set."""
     names: set[str] = set()
     for name, command in cli.commands.items():

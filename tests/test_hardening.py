@@ -140,7 +140,7 @@ def test_r19_empty_db_and_sqlite_url_options_are_refused(
     assert (code, error["details"]["field"]) == (3, "db") and says in error["message"]
 
 
-def test_init_still_creates_the_store(tmp_path: Path) -> None:
+def test_r19_init_alone_creates_the_store(tmp_path: Path) -> None:
     db = tmp_path / "new.db"
     code, info = cli_json("--db", f"sqlite:///{db}", "init")
     assert code == 0 and info["created"] is True and db.is_file()
@@ -170,7 +170,7 @@ def test_r19_a_closed_pipe_ends_quietly(world: World, args: tuple[str, ...]) -> 
 # -- 7. --json everywhere -----------------------------------------------------------------------
 
 
-def test_every_command_takes_json() -> None:
+def test_r19_every_command_takes_json() -> None:
     import click
 
     from ledger.cli import cli as group
