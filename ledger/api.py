@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO, TypedDict
+from typing import Any, TextIO, TypedDict, cast
 
 from domain.canonical import parse_json
 from domain.errors import IntegrityFailure, InvalidInput, UsageError
@@ -43,6 +43,7 @@ from ledger.commands.service import CommandService
 from ledger.commands.sources import load_manifest, read_input_file, resolve_packs
 from ledger.log.checkpoint import Checkpoint, SignerKey, VerifierKey
 from ledger.log.db import Database, open_database, resolve_url
+from ledger.store import contract
 from ledger.store.init import StoreInfo, init_store, require_schema
 from ledger.store.init import ddl as store_ddl
 from ledger.store.rebuild import default_workers, process_builder
@@ -63,6 +64,18 @@ class InitResult(TypedDict):
     head_position: int
     created: bool
     db: str
+
+
+class SchemaDifference(TypedDict):
+    object: str
+    expected: str
+    found: str
+    safe: bool
+
+
+class DoctorResult(TypedDict):
+    ok: bool
+    differences: list[SchemaDifference]
 
 
 class LogHead(TypedDict):
@@ -218,6 +231,7 @@ class Store:
         """The initialized store (a clear error when ``init`` has not run)."""
         if self._ledger is None:
             require_schema(self.db)
+            contract.require(self.db)  # an unsafe schema difference refuses every command
             self._ledger = Ledger(self.db)
         return self._ledger
 
@@ -256,6 +270,16 @@ class Store:
             "head_position": info.head_position,
             "created": info.created,
             "db": self.db.display_url,
+        }
+
+    def doctor(self, *, repair: bool = False) -> DoctorResult:
+        """Compare the live schema with the declared one (R24); ``repair`` restores the
+        safe differences under the migration lock and compares again."""
+        require_schema(self.db)
+        found = contract.repair(self.db) if repair else contract.check(self.db)
+        return {
+            "ok": all(d.safe for d in found),
+            "differences": [cast(SchemaDifference, d.to_json()) for d in found],
         }
 
     def log(self, *, from_position: int = 1, limit: int = 50) -> LogPage:

@@ -76,6 +76,7 @@ def test_r16_every_cli_command_has_its_api_method() -> None:
             names.add(name)
     mirror = {
         "init": Store.init,
+        "doctor": Store.doctor,
         "log": Store.log,
         "status": Store.status,
         "apply": Store.apply,

@@ -28,6 +28,23 @@ def init(as_json: bool) -> None:
 
 
 @cli.command()
+@click.option("--repair", is_flag=True, help="Restore the safe differences (missing indexes).")
+@json_option
+def doctor(repair: bool, as_json: bool) -> int:
+    """Compare the live schema with the declared one; exit 6 on an unsafe difference."""
+    report = store().doctor(repair=repair)
+
+    def human() -> None:
+        for d in report["differences"]:
+            kind = "safe" if d["safe"] else "UNSAFE"
+            click.echo(f"{kind}: {d['object']}: expected {d['expected']}, found {d['found']}")
+        click.echo("ok" if report["ok"] else "the store differs unsafely from the declared schema")
+
+    emit(as_json, report, human)
+    return 0 if report["ok"] else 6
+
+
+@cli.command()
 @click.option(
     "--from",
     "from_position",

@@ -107,6 +107,10 @@ def init_store(db: Database) -> StoreInfo:
                 conn.execute(schema.head.insert(), {"id": 1, "position": 0, "chain": ZERO_CHAIN})
                 position = 0
             version = server_version(db, conn)
+        from ledger.store import contract
+
+        contract.repair(db)  # safe differences (missing indexes) under the migration lock
+        contract.require(db)  # and an unsafe one refuses the store
         ledger = Ledger(db)
         with db.write() as conn:
             created_views = ledger.runner.ensure_states(conn)
