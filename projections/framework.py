@@ -32,6 +32,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from domain.errors import Stale
 from domain.event_types import EVENT_TYPES
 from domain.log import LoggedEvent
 from ledger.log.sqltypes import BigInt, Binary, Blob
@@ -73,6 +74,19 @@ class ViewTable:
         if len(key) == 1:
             return (row[key[0]],)
         return _getter(key)(row)
+
+
+def code_mismatch(name: str, built_with: int, code: int) -> Stale:
+    """A view built by other code than this program's is never served nor written (R25)."""
+    return Stale(
+        f"view {name} was built by view code version {built_with}, this program has "
+        f"version {code}: it is not served until `catalog-ledger projections rebuild {name}` "
+        "swaps in a version built by this code",
+        axis="projection",
+        view=name,
+        built_with_code_version=built_with,
+        code_version=code,
+    )
 
 
 @cache

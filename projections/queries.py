@@ -9,7 +9,7 @@ from sqlalchemy.engine import Connection
 
 from domain.errors import IntegrityFailure
 from ledger.log.sqltypes import dec
-from projections.framework import load_states
+from projections.framework import code_mismatch, load_states
 from projections.lifecycle_views import (
     INSTALLED_PACK,
     PACK_ACTIVATION,
@@ -20,8 +20,16 @@ from projections.lifecycle_views import (
 )
 
 
+def _code_versions() -> dict[str, int]:
+    """Each view's code version in this program (imported late: the registry imports us)."""
+    from projections.registry import ALL_PROJECTIONS
+
+    return {p.name: p.version for p in ALL_PROJECTIONS}
+
+
 def require_running(conn: Connection, *names: str) -> dict[str, int]:
-    """Live versions of ``names``; fail closed when one is stopped or missing."""
+    """Live versions of ``names``; fail closed when one is stopped, missing, or built by
+    other view code than this program's (R25)."""
     states = load_states(conn)
     versions = {}
     for name in names:
@@ -35,6 +43,9 @@ def require_running(conn: Connection, *names: str) -> dict[str, int]:
                 view=name,
                 error=state.error,
             )
+        code = _code_versions().get(name)
+        if code is not None and state.code_version != code:
+            raise code_mismatch(name, state.code_version, code)
         versions[name] = state.live_version
     return versions
 

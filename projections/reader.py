@@ -30,7 +30,9 @@ from domain.catalog import audience_digest
 from domain.content import fact_hasher
 from domain.errors import IntegrityFailure, InvalidInput, LifecycleRejected, Missing, Stale
 from domain.identity import Audience
-from projections.catalog_views import OPEN
+from projections.catalog_views import OPEN, CatalogView
+from projections.framework import Projection, code_mismatch
+from projections.lifecycle_views import PackActivationView, PackComponentView, PackGenerationView
 
 #: The one MISSING answer, identical for every cause (R19: non-disclosing).
 MISSING_MESSAGE = "no catalog view is published for this audience"
@@ -93,6 +95,19 @@ def _missing() -> Missing:
     return Missing(MISSING_MESSAGE)
 
 
+def _code(name: str) -> str:
+    return f"MAX(CASE WHEN name = X'{name.encode().hex()}' THEN code_version END)"
+
+
+#: The view code versions this program serves (R25), in the order the statement reads them.
+_SERVED: tuple[type[Projection], ...] = (
+    CatalogView,
+    PackComponentView,
+    PackActivationView,
+    PackGenerationView,
+)
+
+
 def _live(name: str) -> str:
     return f"MAX(CASE WHEN name = X'{name.encode().hex()}' THEN live_version END)"
 
@@ -103,15 +118,16 @@ def _live(name: str) -> str:
 #: their facts and the packs' current activations, all by key on the physical view
 #: tables. Rows are put in bytewise order in Python (cheaper than a temp b-tree).
 _VIEW_SQL = """
-SELECT h.stopped, h.revision, r.content_digest, u.digest,
+SELECT h.stopped, h.revision, r.content_digest, u.digest, h.cc, h.pc, h.ac, h.nc,
        g.pack, g.kind, g.{key}, g.credential_set, g.install_id, g.payload_hash,
        c.fact, c.fact_digest, a.install_id,
        a.epoch, a.payload_hash, n.status, n.epoch, n.applied_payload_hash
-FROM (SELECT s.stopped, s.cv, s.pv, s.av, s.nv,
+FROM (SELECT s.stopped, s.cv, s.pv, s.av, s.nv, s.cc, s.pc, s.ac, s.nc,
              (SELECT MAX(revision) FROM view_catalog_revision WHERE view_version = s.cv)
                AS revision
       FROM (SELECT MAX(stopped) AS stopped, {cat} AS cv, {comp} AS pv, {act} AS av,
-                   {gen} AS nv
+                   {gen} AS nv, {cat_code} AS cc, {comp_code} AS pc, {act_code} AS ac,
+                   {gen_code} AS nc
             FROM projection_state WHERE name IN ({views})) s) h
 LEFT JOIN view_catalog_revision r ON r.view_version = h.cv AND r.revision = h.revision
 LEFT JOIN view_catalog_audience u
@@ -160,6 +176,10 @@ class CatalogReader:
             comp=_live("pack_component"),
             act=_live("pack_activation"),
             gen=_live("pack_generation"),
+            cat_code=_code("catalog"),
+            comp_code=_code("pack_component"),
+            act_code=_code("pack_activation"),
+            gen_code=_code("pack_generation"),
         )
 
     def head(self) -> CatalogHead:
@@ -173,6 +193,9 @@ class CatalogReader:
         kind, ident = audience.kind.value.encode(), audience.id.encode()
         rows = self.store.query(self._view_sql, (kind, ident, OPEN, kind, ident, OPEN))
         stopped, revision, content, recorded = rows[0][:4]
+        for view, built_with in zip(_SERVED, rows[0][4:8], strict=True):
+            if built_with is not None and built_with != view.version:
+                raise code_mismatch(view.name, int(built_with), view.version)
         if stopped:
             raise Stale(
                 "a catalog view is stopped and behind the log; it is not served "
@@ -190,7 +213,7 @@ class CatalogReader:
             )
         # Bytewise (pack, kind, key, credential set): the publisher's digest order (R3).
         # Both drivers return BLOBs as bytes, so the row slices are the cache key as is.
-        grants = tuple(sorted([row[4:] for row in rows if row[4] is not None], key=_GRANT_ORDER))
+        grants = tuple(sorted([row[8:] for row in rows if row[8] is not None], key=_GRANT_ORDER))
         if not grants or recorded is None:
             raise _missing()
         pair = (audience.kind.value, audience.id)

@@ -212,7 +212,9 @@ class ProjectionRunner:
             if not projection.inline:
                 continue
             state = states.get(projection.name)
-            if state is None or state.stopped:
+            if state is None or state.stopped or state.code_version != projection.version:
+                # Never write rows with this code onto a view built by other code (R25):
+                # it falls behind and is not served until a rebuild swaps it.
                 continue
             pending: Sequence[LoggedEvent] = rows
             if state.position < first - 1:

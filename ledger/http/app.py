@@ -259,10 +259,12 @@ def create_app(
                 "state": v.get("state"),
                 "mode": v.get("mode"),
                 "error": v.get("error"),
+                "rebuild_needed": v.get("rebuild_needed"),
             }
             for v in status["views"]
         }
-        healthy = all(v["state"] == "running" for v in views.values())
+        # A view built by other view code is not served (R25): not healthy either.
+        healthy = all(v["state"] == "running" and not v["rebuild_needed"] for v in views.values())
         body = Health(
             healthy=healthy, log_head=status["head"], catalog_revision=revision, projections=views
         )
