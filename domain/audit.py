@@ -195,6 +195,13 @@ class LifecycleAuditor:
         self.leases["writer"] = d["epoch"]
         return None
 
+    def _lease_broken(self, d: dict[str, Any]) -> str | None:
+        previous = self.leases.get("writer", 0)
+        if d["epoch"] != previous + 1:
+            return f"lease break epoch {d['epoch']} does not follow {previous} (R27)"
+        self.leases["writer"] = d["epoch"]
+        return None
+
     def _catalog_published(self, d: dict[str, Any]) -> str | None:
         if d["revision"] != self.catalog_revision + 1:
             return f"revision {d['revision']} does not follow {self.catalog_revision} (R17)"

@@ -42,6 +42,12 @@ class Lease(Aggregate):
     class Released(Aggregate.Event):
         epoch: int
 
+    class Broken(Aggregate.Event):
+        """An operator freed a presumed-dead holder's lease: epoch + 1, free (R27)."""
+
+        holder: str
+        epoch: int
+
     @staticmethod
     def create_id(name: str, **_: Any) -> UUID:
         return lease_id(name)
@@ -68,6 +74,25 @@ class Lease(Aggregate):
     @event(Released)
     def _released(self, epoch: int) -> None:
         self.released = True
+
+    @event(Broken)
+    def _broken(self, holder: str, epoch: int) -> None:
+        self.epoch = epoch
+        self.released = True
+
+    def break_for(self, holder: str) -> None:
+        """Free the lease of ``holder`` now. Refused unless ``holder`` holds it; the epoch
+        moves on, so the broken holder's next append is fenced out (R27)."""
+        if self.released or self.holder != holder:
+            raise Conflict(
+                f"lease {self.name!r} is not held by {holder!r}"
+                + ("" if self.released else f" (it is held by {self.holder!r})"),
+                rule="R27",
+                lease=self.name,
+                holder=None if self.released else self.holder,
+                epoch=self.epoch,
+            )
+        self._broken(holder=holder, epoch=self.epoch + 1)
 
     def is_free(self, now_us: int) -> bool:
         return self.released or now_us >= self.expires_at_us

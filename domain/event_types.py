@@ -236,6 +236,8 @@ PRODUCT_TYPES: tuple[EventType, ...] = (
     _t("lease.acquired", Lease.Acquired, Lease, "domain.coordination:Lease.Acquired"),
     _t("lease.renewed", Lease.Renewed, Lease, "domain.coordination:Lease.Renewed"),
     _t("lease.released", Lease.Released, Lease, "domain.coordination:Lease.Released"),
+    # New in format v1 (0.2): no 0.1 row can hold it.
+    EventType("lease.broken", Lease.Broken, Lease),
     _t(
         "command.recorded",
         CommandRecord.Recorded,

@@ -18,14 +18,16 @@ same typed errors (``domain.errors``) the CLI turns into exit codes::
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO, TypedDict, cast
 
 from domain.canonical import parse_json
-from domain.errors import IntegrityFailure, InvalidInput, UsageError
+from domain.errors import Conflict, IntegrityFailure, InvalidInput, UsageError
 from ledger.audit.export import export_jsonl
 from ledger.audit.history import history, view_at
 from ledger.audit.proofs import MerkleLog, checkpoint, verify_proof
@@ -39,7 +41,7 @@ from ledger.audit.results import (
 )
 from ledger.audit.verify import AuditReport, verify_chain_parallel, verify_log
 from ledger.commands.results import ApplyResult, ImportLegacyResult, PublishResult
-from ledger.commands.service import CommandService
+from ledger.commands.service import WRITER_LEASE, CommandService
 from ledger.commands.sources import load_manifest, read_input_file, resolve_packs
 from ledger.log.checkpoint import Checkpoint, SignerKey, VerifierKey
 from ledger.log.db import Database, open_database, resolve_url
@@ -127,6 +129,18 @@ class ProjectionsVerifyResult(TypedDict):
 class CaughtUp(TypedDict):
     position: int
     stopped: bool
+
+
+class LeaseStatus(TypedDict):
+    lease: str
+    held: bool
+    holder: str | None
+    epoch: int
+    expires_at: str | None  # RFC 3339 UTC
+
+
+def _rfc3339(us: int) -> str:
+    return datetime.fromtimestamp(us / 1_000_000, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
 class KeygenResult(TypedDict):
@@ -309,6 +323,41 @@ class Store:
             packs = pack_status(conn)
             head = self.ledger.recorder.head_in(conn)
         return {"head": head.position, "packs": packs}
+
+    # -- the writer lease (R27) -----------------------------------------------------------
+
+    def lease_status(self) -> LeaseStatus:
+        """Who holds the writer lease, at which epoch, until when (never a secret)."""
+        with self.ledger.snapshot() as reader:
+            lease = reader.lease(WRITER_LEASE)
+        now = int(time.time() * 1_000_000)
+        if lease is None:
+            return {
+                "lease": WRITER_LEASE,
+                "held": False,
+                "holder": None,
+                "epoch": 0,
+                "expires_at": None,
+            }
+        held = not lease.is_free(now)
+        return {
+            "lease": WRITER_LEASE,
+            "held": held,
+            "holder": lease.holder if held else None,
+            "epoch": lease.epoch,
+            "expires_at": _rfc3339(lease.expires_at_us) if held else None,
+        }
+
+    def lease_break(self, holder: str) -> LeaseStatus:
+        """Free ``holder``'s lease at once (refused, CONFLICT, unless it holds it). The epoch
+        moves on, so a wrongly presumed-dead holder is fenced out of every append."""
+        with self.ledger.snapshot() as reader:
+            lease = reader.lease(WRITER_LEASE)
+        if lease is None:
+            raise Conflict(f"lease {WRITER_LEASE!r} has never been held", rule="R27")
+        lease.break_for(holder)
+        self.ledger.app.save(lease)
+        return self.lease_status()
 
     # -- commands ------------------------------------------------------------------------
 

@@ -77,6 +77,8 @@ def test_r16_every_cli_command_has_its_api_method() -> None:
     mirror = {
         "init": Store.init,
         "doctor": Store.doctor,
+        "lease status": Store.lease_status,
+        "lease break": Store.lease_break,
         "log": Store.log,
         "status": Store.status,
         "apply": Store.apply,

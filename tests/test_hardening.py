@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from domain.errors import InvalidInput, LifecycleRejected
+from domain.errors import Conflict, InvalidInput, LifecycleRejected
 from domain.matrix import Advance
 from ledger.commands.service import CommandService
 from ledger.commands.sources import _cat_file_batch
@@ -456,3 +456,33 @@ def test_r22_rebuild_refuses_to_swap_in_views_built_from_a_tampered_log(world: W
     assert snapshot(world) == before  # the live views and their versions are untouched
     code, done = cli_json("--db", world.url, "projections", "rebuild", "--no-chain-check")
     assert code == 0 and done["rebuilt"], done
+
+
+# -- R27: operators see and break the writer lease ---------------------------------------------
+
+
+def test_r27_an_operator_sees_and_breaks_a_dead_holders_lease_and_fencing_keeps_it_harmless(
+    world: World,
+) -> None:
+    c1, c2 = world.commit("sales", 1), world.commit("sales", 2)
+    world.apply(world.official("sales", c1))
+    assert cli_json("--db", world.url, "lease", "status")[1]["held"] is False
+    presumed_dead = CommandService(world.ledger, holder="ops-host:4711", lease_ttl=300)
+    handle = presumed_dead.acquire_lease()
+    code, status = cli_json("--db", world.url, "lease", "status")
+    assert (status["held"], status["holder"], status["epoch"]) == (True, "ops-host:4711", 2)
+    assert status["expires_at"].endswith("Z")
+    code, error = cli_json("--db", world.url, "lease", "break", "--holder", "someone-else")
+    assert (code, error["error"], error["details"]["holder"]) == (4, "CONFLICT", "ops-host:4711")
+    code, broken = cli_json("--db", world.url, "lease", "break", "--holder", "ops-host:4711")
+    assert code == 0 and (broken["held"], broken["epoch"]) == (False, 3)
+    # The holder was not dead after all: its next append is fenced out, nothing written.
+    target = world.resolved("sales", c2)
+    head = world.head()
+    with pytest.raises(Conflict):
+        presumed_dead.prepare(handle, [(target, Advance(target.target, c1))])
+    assert world.head() == head
+    # The next writer takes the lease at once (no TTL to wait out) and the log audits.
+    assert world.apply(world.official("sales", c2))["packs"][0]["decision"] == "advance"
+    code, report = cli_json("--db", world.url, "audit", "verify")
+    assert code == 0 and report["ok"] is True, report

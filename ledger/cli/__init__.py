@@ -6,7 +6,18 @@
 
 from __future__ import annotations
 
-from ledger.cli import audit, projections, read, store, write
+from ledger.cli import audit, lease, projections, read, store, write
 from ledger.cli.app import cli, dump_json, main, run
 
-__all__ = ["audit", "cli", "dump_json", "main", "projections", "read", "run", "store", "write"]
+__all__ = [
+    "audit",
+    "cli",
+    "dump_json",
+    "lease",
+    "main",
+    "projections",
+    "read",
+    "run",
+    "store",
+    "write",
+]
