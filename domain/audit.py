@@ -5,18 +5,25 @@ an independent, event-by-event state machine over the decoded events, fed in
 position order. ``feed`` returns the problem with the event (or ``None``);
 ``finish`` checks what must hold once every event has been seen (exactly one
 active generation per activated pack, the pointer naming it, nothing
-retired still selected).
+retired still selected). Removal (R7) moves the pointer to none and retires
+the active generation with no successor; a removed pack may be installed
+again as a fresh incarnation. A credential (R26) is issued once, for a valid
+audience, and revoked at most once, for that same audience.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from domain.canonical import canonical_bytes
 from domain.content import hash_problem
 from domain.digests import Purpose, digest
+from domain.identity import identity_problem
+
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass
@@ -35,6 +42,10 @@ class _Pack:
     revision: str | None = None
     legacy: dict[str, Any] | None = None
     local: bool = False
+    #: The pack's history ends in removal (R7): cleared by the next install.
+    removed: bool = False
+    #: The generation the last removal of the pointer retired (retirement pending).
+    removing: str | None = None
 
 
 class LifecycleAuditor:
@@ -45,6 +56,8 @@ class LifecycleAuditor:
         self.leases: dict[str, int] = {}
         self.catalog_revision = 0
         self.catalog_digest: str | None = None
+        #: credential id -> (audience kind, audience id, issued at, revoked at or None).
+        self.credentials: dict[str, tuple[str, str, int, int | None]] = {}
 
     def _pack(self, name: str) -> _Pack:
         return self.packs.setdefault(name, _Pack())
@@ -69,6 +82,8 @@ class LifecycleAuditor:
             return f"generation {install_id} of {d['pack']!r} prepared twice (R9)"
         if pack.local:
             return f"a generation of local_path pack {d['pack']!r} (R5)"
+        if pack.removing is not None:
+            return f"prepared before removed generation {pack.removing} was retired (R7)"
         preparing = [i for i, g in pack.generations.items() if g.status == "preparing"]
         if preparing:
             return f"prepared while attempt {preparing[0]} is still preparing (R12)"
@@ -79,7 +94,10 @@ class LifecycleAuditor:
         if source.get("kind") != "official_repo" or not source.get("revision"):
             return "a generation without official_repo@revision authority (R5)"
         if origin == "install":
-            if pack.active is not None or pack.legacy is not None:
+            # The pointer must select nothing: never activated, or removed (R7). A legacy
+            # record is authority until adopted or taken over by a local_path record.
+            unconsumed = pack.legacy is not None and not pack.generations and not pack.removed
+            if pack.active is not None or unconsumed:
                 return "install of a pack that already has authority (R7)"
         elif origin == "advance":
             if pack.active is None or d.get("from_install_id") != pack.active:
@@ -91,6 +109,8 @@ class LifecycleAuditor:
         else:
             return f"unknown origin {origin!r} (R13)"
         pack.generations[install_id] = _Gen("preparing", origin, d["payload_hash"])
+        if origin == "install":
+            pack.removed = False  # a fresh incarnation begins
         return None
 
     @staticmethod
@@ -136,6 +156,17 @@ class LifecycleAuditor:
             return "retirement of a generation that is not active (R6)"
         if pack.active == d["install_id"]:
             return "retirement of the generation the activation still selects (R8)"
+        removal = d["successor_install_id"] is None
+        if removal != bool(d["removed"]):
+            return "a retirement whose successor and removal flag disagree (R7)"
+        if removal:
+            if pack.removing != d["install_id"]:
+                return "retirement without a successor of a generation no removal moved from (R7)"
+            if d["epoch"] != pack.epoch:
+                return f"removal retired at epoch {d['epoch']}, the pointer is at {pack.epoch} (R7)"
+            pack.removing = None
+        elif pack.active != d["successor_install_id"]:
+            return "retirement naming a successor the pointer does not select (R8)"
         gen.status = "retired"
         return None
 
@@ -144,7 +175,7 @@ class LifecycleAuditor:
     def _activation_started(self, d: dict[str, Any]) -> str | None:
         pack = self._pack(d["pack"])
         gen = pack.generations.get(d["install_id"])
-        if pack.active is not None:
+        if pack.active is not None or pack.epoch != 0:
             return "a second first activation (R7)"
         if d["epoch"] != 1:
             return f"first activation at epoch {d['epoch']}, not 1 (R7)"
@@ -165,6 +196,32 @@ class LifecycleAuditor:
         pack.active, pack.epoch, pack.revision = d["install_id"], d["epoch"], d["revision"]
         return None
 
+    def _activation_removed(self, d: dict[str, Any]) -> str | None:
+        pack = self._pack(d["pack"])
+        if pack.active is None:
+            return f"removal of pack {d['pack']!r}, which has no active generation (R7)"
+        if pack.active != d["from_install_id"] or pack.revision != d["from_revision"]:
+            return "the pointer was removed from a generation it did not select (R7)"
+        if d["epoch"] != pack.epoch + 1:
+            return f"removal at epoch {d['epoch']} does not follow {pack.epoch} (R7)"
+        pack.removing, pack.active, pack.revision = pack.active, None, None
+        pack.epoch, pack.removed = d["epoch"], True
+        return None
+
+    def _activation_reinstalled(self, d: dict[str, Any]) -> str | None:
+        pack = self._pack(d["pack"])
+        gen = pack.generations.get(d["install_id"])
+        if pack.active is not None or pack.epoch == 0 or pack.removing is not None:
+            return "a re-installation of a pack that was not removed (R7)"
+        if d["epoch"] != pack.epoch + 1:
+            return f"epoch {d['epoch']} does not follow {pack.epoch} (R8)"
+        if gen is None or gen.status != "active" or gen.epoch != d["epoch"]:
+            return "the pointer moved to a generation not activated at that epoch (R8)"
+        if gen.origin != "install":
+            return "a re-installation selects a generation that is not an install (R7)"
+        pack.active, pack.epoch, pack.revision = d["install_id"], d["epoch"], d["revision"]
+        return None
+
     # -- other pack records --------------------------------------------------------------
 
     def _legacy_imported(self, d: dict[str, Any]) -> str | None:
@@ -176,15 +233,35 @@ class LifecycleAuditor:
 
     def _local_pack_installed(self, d: dict[str, Any]) -> str | None:
         pack = self._pack(d["pack"])
-        if pack.generations or pack.active is not None:
+        if pack.active is not None or pack.removing is not None:
+            return "a local_path record for a pack with an active generation (R5)"
+        if pack.generations and not pack.removed:
             return "a local_path record for a pack with generations (R5)"
-        if pack.legacy is not None and pack.legacy["source"].get("kind") != "local_path":
+        if (
+            not pack.generations
+            and pack.legacy is not None
+            and pack.legacy["source"].get("kind") != "local_path"
+        ):
             return "a local_path record replacing an official legacy pack (R5)"
-        pack.local = True
+        pack.local, pack.removed = True, False
         return None
 
     def _local_pack_updated(self, d: dict[str, Any]) -> str | None:
         return None if self._pack(d["pack"]).local else "update of an unknown local pack"
+
+    def _local_pack_removed(self, d: dict[str, Any]) -> str | None:
+        pack = self._pack(d["pack"])
+        if not pack.local:
+            return f"removal of local_path pack {d['pack']!r}, which is not installed (R7)"
+        pack.local, pack.removed = False, True
+        return None
+
+    def _local_pack_reinstalled(self, d: dict[str, Any]) -> str | None:
+        pack = self._pack(d["pack"])
+        if pack.local or not pack.removed or pack.active is not None:
+            return f"re-installation of local_path pack {d['pack']!r}, which was not removed (R7)"
+        pack.local, pack.removed = True, False
+        return None
 
     # -- coordination and the catalog lineage ---------------------------------------------
 
@@ -208,6 +285,37 @@ class LifecycleAuditor:
         if d["parent_digest"] != self.catalog_digest:
             return "the parent digest is not the previous revision's digest (R17)"
         self.catalog_revision, self.catalog_digest = d["revision"], d["content_digest"]
+        return None
+
+    # -- audience credentials (R26) -------------------------------------------------------
+
+    def _credential_issued(self, d: dict[str, Any]) -> str | None:
+        cid = d["credential_id"]
+        if cid in self.credentials:
+            return f"credential {cid} issued twice (R26)"
+        if d["audience_kind"] not in ("app", "integration") or identity_problem(d["audience_id"]):
+            return f"credential {cid} names no valid audience (R26)"
+        if not _HEX_DIGEST.fullmatch(d["token_digest"]):
+            return f"credential {cid} holds no 32-byte token digest (R26)"
+        issued, expires = d["issued_at_us"], d["expires_at_us"]
+        if expires is not None and expires <= issued:
+            return f"credential {cid} expires before it was issued (R26)"
+        self.credentials[cid] = (d["audience_kind"], d["audience_id"], issued, None)
+        return None
+
+    def _credential_revoked(self, d: dict[str, Any]) -> str | None:
+        cid = d["credential_id"]
+        known = self.credentials.get(cid)
+        if known is None:
+            return f"revocation of credential {cid}, which was never issued (R26)"
+        kind, ident, issued, revoked = known
+        if revoked is not None:
+            return f"credential {cid} revoked twice (R26)"
+        if (d["audience_kind"], d["audience_id"]) != (kind, ident):
+            return f"revocation of credential {cid} names another audience than its issue (R26)"
+        if d["revoked_at_us"] < issued:
+            return f"credential {cid} revoked before it was issued (R26)"
+        self.credentials[cid] = (kind, ident, issued, d["revoked_at_us"])
         return None
 
     def finish(self) -> list[str]:

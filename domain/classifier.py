@@ -21,6 +21,7 @@ from domain.lifecycle import (
     GenerationStatus,
     LegacyRecord,
     LocalPack,
+    Origin,
     PackActivation,
     PackHistory,
     SourceKind,
@@ -48,6 +49,9 @@ class Condition(StrEnum):
     ACTIVE_PREPARING = "active_preparing"
     ACTIVE_FAILED_CLEAN = "active_failed_clean"
     ACTIVE_FAILED_DIRTY = "active_failed_dirty"
+    #: The pack's history ends in removal (R7): nothing is selected, nothing is shown, and
+    #: it may be installed again as a fresh incarnation.
+    REMOVED = "removed"
 
 
 ACTIVATED = frozenset(
@@ -64,6 +68,9 @@ NEVER_ACTIVATED = frozenset(
 LEGACY = frozenset({Condition.LEGACY_ACTIVE, Condition.LEGACY_INACTIVE, Condition.LEGACY_LOCAL})
 PREPARING = frozenset({Condition.FIRST_PREPARING, Condition.ACTIVE_PREPARING})
 DIRTY = frozenset({Condition.FIRST_FAILED_DIRTY, Condition.ACTIVE_FAILED_DIRTY})
+#: Conditions in which a pack is installed (it has a compatibility-view row the ledger
+#: owns) and so may be named by a manifest's ``remove``.
+REMOVABLE = frozenset({Condition.LOCAL, *ACTIVATED})
 
 
 @dataclass(frozen=True)
@@ -117,17 +124,24 @@ def _check_identity(state: PackState, what: str, value: object) -> None:
 
 
 def classify(state: PackState) -> Condition:
-    """The one classifier: every admitted state exactly once; anything else fails closed."""
+    """The one classifier: every admitted state exactly once; anything else fails closed.
+
+    Removal (R7) ends an incarnation: a removed pointer (``activation.removed``) or a
+    removed local record is history, and what follows it is judged like a pack that
+    was never installed, except that the history must agree with the removal.
+    """
+    activation = state.activation
+    removed = activation is not None and activation.removed
+    if state.local is not None and not state.local.removed:
+        return _classify_local(state, removed)
+    if removed:
+        return _classify_removed(state)
     has_history = state.history is not None
-    if state.local is not None:
-        if has_history or state.activation is not None:
-            raise _inconsistent(state, "a local_path record next to generation history")
-        if state.legacy is not None and state.legacy.source_kind != SourceKind.LOCAL_PATH:
-            raise _inconsistent(state, "a local_path record next to an official legacy record")
-        return Condition.LOCAL
     if not has_history:
-        if state.activation is not None:
+        if activation is not None:
             raise _inconsistent(state, "an activation pointer without generation history")
+        if state.local is not None:  # a removed local_path record, nothing after it
+            return Condition.REMOVED
         if state.legacy is None:
             return Condition.ABSENT
         _check_identity(state, "legacy install id", state.legacy.install_id)
@@ -140,17 +154,11 @@ def classify(state: PackState) -> Condition:
     newest = state.newest
     if newest is None or newest.install_id != state.history.newest:
         raise _inconsistent(state, "the newest attempt named by the history is missing")
-    if state.activation is None:
-        if state.legacy is not None:
+    if activation is None:
+        # A legacy record is consumed by adoption, or by a local_path record since removed.
+        if state.legacy is not None and state.local is None:
             raise _inconsistent(state, "generation history for a legacy pack without adoption")
-        if newest.status is GenerationStatus.PREPARING:
-            return Condition.FIRST_PREPARING
-        if newest.status is GenerationStatus.FAILED_CLEAN:
-            return Condition.FIRST_FAILED_CLEAN
-        if newest.status is GenerationStatus.FAILED_DIRTY:
-            return Condition.FIRST_FAILED_DIRTY
-        raise _inconsistent(state, f"newest attempt is {newest.status.value} but nothing is active")
-    activation = state.activation
+        return _first_attempt(state, newest)
     active = state.active
     _check_identity(state, "activation install id", activation.install_id)
     if active is None or active.install_id != activation.install_id:
@@ -177,3 +185,79 @@ def classify(state: PackState) -> Condition:
     raise _inconsistent(
         state, f"newest attempt {newest.install_id} is {newest.status.value} but not selected"
     )
+
+
+def _first_attempt(state: PackState, newest: Generation) -> Condition:
+    """A pack with attempts but nothing selected in this incarnation."""
+    if newest.status is GenerationStatus.PREPARING:
+        return Condition.FIRST_PREPARING
+    if newest.status is GenerationStatus.FAILED_CLEAN:
+        return Condition.FIRST_FAILED_CLEAN
+    if newest.status is GenerationStatus.FAILED_DIRTY:
+        return Condition.FIRST_FAILED_DIRTY
+    raise _inconsistent(state, f"newest attempt is {newest.status.value} but nothing is active")
+
+
+def _ends_in_removal(state: PackState, newest: Generation) -> bool:
+    """Whether the newest attempt belongs to the incarnation the removal ended.
+
+    It is either the generation the removal retired, or an attempt to advance that
+    incarnation which failed before the removal; an attempt made after the removal
+    is an install (R7: a fresh incarnation), never an advance.
+    """
+    activation = state.activation
+    assert activation is not None
+    if newest.install_id == activation.removed_install_id:
+        if newest.status is not GenerationStatus.RETIRED:
+            raise _inconsistent(
+                state,
+                f"the removed generation {newest.install_id} is {newest.status.value}, not retired",
+            )
+        return True
+    if newest.origin is Origin.INSTALL:
+        if newest.status in (GenerationStatus.ACTIVE, GenerationStatus.RETIRED):
+            raise _inconsistent(
+                state,
+                f"attempt {newest.install_id} after the removal is {newest.status.value} "
+                "but nothing is selected",
+            )
+        return False
+    if newest.status not in (GenerationStatus.FAILED_CLEAN, GenerationStatus.FAILED_DIRTY):
+        raise _inconsistent(
+            state,
+            f"attempt {newest.install_id} of the removed incarnation is {newest.status.value}",
+        )
+    return True
+
+
+def _classify_removed(state: PackState) -> Condition:
+    """The pointer selects nothing: the pack was removed (R7)."""
+    activation = state.activation
+    assert activation is not None
+    if state.history is None or activation.removed_install_id is None:
+        raise _inconsistent(state, "a removed activation pointer without generation history")
+    if activation.epoch < 2:
+        raise _inconsistent(state, f"a removed pointer at epoch {activation.epoch}")
+    newest = state.newest
+    if newest is None or newest.install_id != state.history.newest:
+        raise _inconsistent(state, "the newest attempt named by the history is missing")
+    if _ends_in_removal(state, newest):
+        return Condition.REMOVED
+    return _first_attempt(state, newest)
+
+
+def _classify_local(state: PackState, removed: bool) -> Condition:
+    """A live local_path record: development content, never authority (R5).
+
+    Official history beside it is admitted only when it ended in removal before the
+    local_path incarnation began.
+    """
+    if state.activation is not None and not removed:
+        raise _inconsistent(state, "a local_path record next to an active official generation")
+    if state.history is not None:
+        newest = state.newest
+        if not removed or newest is None or not _ends_in_removal(state, newest):
+            raise _inconsistent(state, "a local_path record next to generation history")
+    elif state.legacy is not None and state.legacy.source_kind != SourceKind.LOCAL_PATH:
+        raise _inconsistent(state, "a local_path record next to an official legacy record")
+    return Condition.LOCAL

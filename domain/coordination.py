@@ -1,11 +1,14 @@
 """Leases with fencing epochs (R12) and idempotency records (R10), as aggregates.
 
-A lease is an aggregate in the log. Every acquisition is an event, so the
-lease aggregate's version is a fencing token: a holder passes the version it
-acquired at as a read fence on every append, and any later acquisition by
-someone else moves the version, so a stale holder's append is rejected inside
-the append transaction. Expiry only decides whether a *new* holder may take
-the lease; it never lets two holders append.
+A lease is an aggregate in the log. Every acquisition, release and break is an
+event, so the lease aggregate's version moves exactly when its epoch or its
+holder does: a holder passes the version it acquired at as a read fence on
+every append, and any later acquisition or break moves it, so a stale holder's
+append is rejected inside the append transaction. Renewals are *not* events:
+they move only the expiry, in the lease's coordination row (compare-and-set on
+holder and epoch), so the fence is the epoch and never the expiry. Expiry only
+decides whether a *new* holder may take the lease; it never lets two holders
+append. (``Renewed`` stays decodable: a log may hold one; nothing writes it.)
 
 A command record stores, in the same append as the command's effects, the
 command id, the digest of its request and its result. An exact retry finds
@@ -94,11 +97,19 @@ class Lease(Aggregate):
             )
         self._broken(holder=holder, epoch=self.epoch + 1)
 
-    def is_free(self, now_us: int) -> bool:
-        return self.released or now_us >= self.expires_at_us
+    def expiry(self, renewed_until: int | None = None) -> int:
+        """The lease's expiry: as acquired, or as a renewal of this epoch moved it."""
+        return max(self.expires_at_us, renewed_until or 0)
 
-    def acquire(self, holder: str, now_us: int, ttl_us: int) -> None:
-        if not self.is_free(now_us):
+    def is_free(self, now_us: int, renewed_until: int | None = None) -> bool:
+        return self.released or now_us >= self.expiry(renewed_until)
+
+    def acquire(
+        self, holder: str, now_us: int, ttl_us: int, renewed_until: int | None = None
+    ) -> None:
+        """Take the lease at epoch + 1 once it is free; ``renewed_until`` is the current
+        holder's renewed expiry (the coordination row), if it renewed this epoch."""
+        if not self.is_free(now_us, renewed_until):
             raise Conflict(
                 f"lease {self.name!r} is held by {self.holder!r} (epoch {self.epoch}) "
                 f"until its expiry",
@@ -106,13 +117,9 @@ class Lease(Aggregate):
                 lease=self.name,
                 holder=self.holder,
                 epoch=self.epoch,
-                expires_at_us=self.expires_at_us,
+                expires_at_us=self.expiry(renewed_until),
             )
         self._acquired(holder=holder, epoch=self.epoch + 1, expires_at_us=now_us + ttl_us)
-
-    def renew(self, epoch: int, now_us: int, ttl_us: int) -> None:
-        self._require(epoch)
-        self._renewed(epoch=epoch, expires_at_us=now_us + ttl_us)
 
     def release(self, epoch: int) -> None:
         self._require(epoch)

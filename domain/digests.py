@@ -33,6 +33,8 @@ class Purpose(StrEnum):
     CATALOG = "catalog-ledger 2026-11 catalog content v1"
     AUDIENCE_VIEW = "catalog-ledger 2026-11 audience view v1"
     PROJECTION = "catalog-ledger 2026-11 projection rows v1"
+    #: A credential's bearer token (R26): the log holds only this digest, never the token.
+    CREDENTIAL_TOKEN = "catalog-ledger 2026-11 credential token v1"
 
 
 _U64 = struct.Struct(">Q")

@@ -71,6 +71,20 @@ class Stale(FailClosed):
     code = "STALE"
 
 
+class Unauthenticated(FailClosed):
+    """A runtime read without a valid credential (R26): missing, malformed, unknown,
+    revoked or expired bearer token. HTTP 401 with ``WWW-Authenticate: Bearer``; exit 5
+    (fail-closed authority) should a CLI path ever raise it."""
+
+    code = "UNAUTHENTICATED"
+
+
+class MigrationRequired(FailClosed):
+    """The store's schema is older than this program's: run ``catalog-ledger migrate``."""
+
+    code = "MIGRATION_REQUIRED"
+
+
 class LifecycleRejected(FailClosed):
     """A lifecycle rule (R5-R14) rejects the command; ``reason`` names the rule."""
 

@@ -43,6 +43,7 @@ from eventsourcing.domain import Aggregate
 
 from domain.catalog import AudienceBindings, Catalog
 from domain.coordination import CommandRecord, Lease
+from domain.credentials import Credential
 from domain.errors import IntegrityFailure
 from domain.lifecycle import Generation, LegacyRecord, LocalPack, PackActivation, PackHistory
 
@@ -73,6 +74,9 @@ class EventType:
     added: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     #: Earlier names of this type, still read (see the module docstring).
     aliases: tuple[str, ...] = ()
+    #: version -> {field: its type in every version before that one}, for a field a
+    #: version widened (the JSON Schema of older versions stays exact).
+    narrower_before: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name) or any(not _NAME.fullmatch(a) for a in self.aliases):
@@ -83,6 +87,9 @@ class EventType:
         for version, defaults in self.added.items():
             if not set(defaults) <= fields:
                 raise ValueError(f"{self.name} v{version} adds fields its class lacks")
+        for version, types in self.narrower_before.items():
+            if version not in self.added or not set(types) <= fields:
+                raise ValueError(f"{self.name} v{version} widens a field it does not have")
 
     @property
     def version(self) -> int:
@@ -210,8 +217,11 @@ def _t(
     aggregate: type[Aggregate],
     v0_topic: str,
     added: Mapping[int, Mapping[str, Any]] | None = None,
+    narrower_before: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> EventType:
-    return EventType(name, cls, aggregate, v0_topic, added or {})
+    return EventType(
+        name, cls, aggregate, v0_topic, added or {}, narrower_before=narrower_before or {}
+    )
 
 
 # The v0 topics are the exact text 0.1 stored. They are history, not references to
@@ -223,14 +233,28 @@ AB = AudienceBindings
 PRODUCT_TYPES: tuple[EventType, ...] = (
     _t("generation.prepared", G.Prepared, G, "domain.lifecycle:Generation.Prepared"),
     _t("generation.activated", G.Activated, G, "domain.lifecycle:Generation.Activated"),
-    _t("generation.retired", G.Retired, G, "domain.lifecycle:Generation.Retired"),
+    # v2: retirement by removal (R7): ``successor_install_id`` may be null, and
+    # ``removed`` says so (rows written before are retirements by advance).
+    _t(
+        "generation.retired",
+        G.Retired,
+        G,
+        "domain.lifecycle:Generation.Retired",
+        {2: {"removed": False}},
+        {2: {"successor_install_id": str}},
+    ),
     _t("generation.failed", G.Failed, G, "domain.lifecycle:Generation.Failed"),
     _t("activation.started", PA.Started, PA, "domain.lifecycle:PackActivation.Started"),
     _t("activation.advanced", PA.Advanced, PA, "domain.lifecycle:PackActivation.Advanced"),
+    # New in format v1 (issue 15): pack removal and re-installation (R7).
+    EventType("activation.removed", PA.Removed, PA),
+    EventType("activation.reinstalled", PA.Reinstalled, PA),
     _t("pack_history.opened", PH.Opened, PH, "domain.lifecycle:PackHistory.Opened"),
     _t("pack_history.attempted", PH.Attempted, PH, "domain.lifecycle:PackHistory.Attempted"),
     _t("local_pack.installed", LP.Installed, LP, "domain.lifecycle:LocalPack.Installed"),
     _t("local_pack.updated", LP.Updated, LP, "domain.lifecycle:LocalPack.Updated"),
+    EventType("local_pack.removed", LP.Removed, LP),
+    EventType("local_pack.reinstalled", LP.Reinstalled, LP),
     _t("legacy.imported", LR.Imported, LR, "domain.lifecycle:LegacyRecord.Imported"),
     _t("lease.opened", Lease.Opened, Lease, "domain.coordination:Lease.Opened"),
     _t("lease.acquired", Lease.Acquired, Lease, "domain.coordination:Lease.Acquired"),
@@ -258,6 +282,9 @@ PRODUCT_TYPES: tuple[EventType, ...] = (
     ),
     _t("catalog.opened", Catalog.Opened, Catalog, "domain.catalog:Catalog.Opened"),
     _t("catalog.published", Catalog.Published, Catalog, "domain.catalog:Catalog.Published"),
+    # New in format v1 (issue 16): audience credentials (R26); the token's digest only.
+    EventType("credential.issued", Credential.Issued, Credential),
+    EventType("credential.revoked", Credential.Revoked, Credential),
 )
 #: The table every reader and writer uses (tests may register types of their own).
 EVENT_TYPES = EventTypeTable(PRODUCT_TYPES)
@@ -269,16 +296,22 @@ T_RETIRED = "generation.retired"
 T_FAILED = "generation.failed"
 T_STARTED = "activation.started"
 T_ADVANCED = "activation.advanced"
+T_REMOVED = "activation.removed"
+T_REINSTALLED = "activation.reinstalled"
 T_HISTORY_OPENED = "pack_history.opened"
 T_ATTEMPTED = "pack_history.attempted"
 T_LOCAL_INSTALLED = "local_pack.installed"
 T_LOCAL_UPDATED = "local_pack.updated"
+T_LOCAL_REMOVED = "local_pack.removed"
+T_LOCAL_REINSTALLED = "local_pack.reinstalled"
 T_LEGACY = "legacy.imported"
 T_GRANTED = "binding.granted"
 T_REBOUND = "binding.rebound"
 T_REVOKED = "binding.revoked"
 T_PUBLISHED = "catalog.published"
 T_RECORDED = "command.recorded"
+T_CREDENTIAL_ISSUED = "credential.issued"
+T_CREDENTIAL_REVOKED = "credential.revoked"
 
 #: Types whose facts are about one pack's lifecycle (``history --pack``).
 LIFECYCLE_TYPES = frozenset(
@@ -286,7 +319,7 @@ LIFECYCLE_TYPES = frozenset(
     for t in EVENT_TYPES
     if t.aggregate in (Generation, PackActivation, PackHistory, LocalPack, LegacyRecord)
 )
-#: Events the audit replays (lifecycle, leases, the catalog lineage and bindings).
+#: Events the audit replays (lifecycle, leases, the catalog lineage, bindings, credentials).
 REPLAY_TYPES = frozenset(
     t.name
     for t in EVENT_TYPES
@@ -300,5 +333,11 @@ REPLAY_TYPES = frozenset(
         Lease,
         AudienceBindings,
         Catalog,
+        Credential,
     )
+)
+#: Types whose facts are about one audience (``history --audience``): its bindings and
+#: its credentials.
+AUDIENCE_TYPES = frozenset(
+    t.name for t in EVENT_TYPES if t.aggregate in (AudienceBindings, Credential)
 )

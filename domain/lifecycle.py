@@ -9,11 +9,13 @@ facts. Each has one owner here:
   components) never change (R9); it has an applied payload hash only once
   activated (R6).
 * ``PackActivation`` — the only selector of a pack's serving generation (R7),
-  with an epoch that increases by one on every move.
+  with an epoch that increases by one on every move. Removal is a move to no
+  generation; a removed pack's pointer may later select a fresh incarnation.
 * ``PackHistory`` — the ordered list of a pack's attempts (which install ids,
   in which order), so the newest attempt is known from the log alone.
 * ``LocalPack`` — the mutable in-place record of a ``local_path`` pack (R5):
-  shown in the compatibility view, never catalog authority.
+  shown in the compatibility view, never catalog authority; removable, and
+  installable again as a fresh incarnation.
 * ``LegacyRecord`` — a pre-existing ``_System_InstalledPack`` row, recorded
   once so that it can be adopted.
 
@@ -52,7 +54,9 @@ TERMINAL = frozenset(
 
 
 class Origin(StrEnum):
-    """How a generation came to be: the three ways the pointer may move (R7)."""
+    """How a generation came to be: the ways the pointer may move to a generation (R7).
+
+    The fourth move, remove, takes the pointer to no generation and creates none."""
 
     INSTALL = "install"
     ADOPT = "adopt"
@@ -119,11 +123,14 @@ class Generation(Aggregate):
         epoch: int
         applied_payload_hash: str
 
+    # v2: ``removed`` tells retirement by removal (no successor: the pointer moved to
+    # no generation) from retirement by advance; v1 rows are read as ``removed=False``.
     class Retired(Aggregate.Event):
         pack: str
         install_id: str
-        successor_install_id: str
+        successor_install_id: str | None
         epoch: int
+        removed: bool
 
     class Failed(Aggregate.Event):
         pack: str
@@ -169,7 +176,14 @@ class Generation(Aggregate):
         self.applied_payload_hash = applied_payload_hash
 
     @event(Retired)
-    def _retired(self, pack: str, install_id: str, successor_install_id: str, epoch: int) -> None:
+    def _retired(
+        self,
+        pack: str,
+        install_id: str,
+        successor_install_id: str | None,
+        epoch: int,
+        removed: bool,
+    ) -> None:
         self.status = GenerationStatus.RETIRED
 
     @event(Failed)
@@ -186,13 +200,16 @@ class Generation(Aggregate):
             applied_payload_hash=self.payload_hash,
         )
 
-    def retire(self, successor_install_id: str, epoch: int) -> None:
+    def retire(self, successor_install_id: str | None, epoch: int) -> None:
+        """Retire the active generation: replaced by ``successor_install_id`` (advance),
+        or with no successor when its pack is removed (R7)."""
         self._require(GenerationStatus.ACTIVE, "retire")
         self._retired(
             pack=self.pack,
             install_id=self.install_id,
             successor_install_id=successor_install_id,
             epoch=epoch,
+            removed=successor_install_id is None,
         )
 
     def fail(self, *, dirty: bool, reason: str) -> None:
@@ -237,6 +254,26 @@ class PackActivation(Aggregate):
         source: dict[str, Any]
         epoch: int
 
+    class Removed(Aggregate.Event):
+        """The pointer moves from the active generation to none (R7 remove)."""
+
+        pack: str
+        from_install_id: str
+        from_revision: str
+        epoch: int
+
+    class Reinstalled(Aggregate.Event):
+        """A removed pack's pointer selects the first generation of a fresh incarnation."""
+
+        pack: str
+        install_id: str
+        revision: str
+        payload_hash: str
+        category: str
+        source: dict[str, Any]
+        origin: str
+        epoch: int
+
     @staticmethod
     def create_id(pack: str, **_: Any) -> UUID:
         return activation_id(pack)
@@ -254,11 +291,19 @@ class PackActivation(Aggregate):
         epoch: int,
     ) -> None:
         self.pack = pack
-        self.install_id = install_id
-        self.revision = revision
-        self.payload_hash = payload_hash
-        self.category = category
+        # All ``None`` while the pack is removed: the pointer selects no generation.
+        self.install_id: str | None = install_id
+        self.revision: str | None = revision
+        self.payload_hash: str | None = payload_hash
+        self.category: str | None = category
         self.epoch = epoch
+        #: The generation the last removal retired (``None`` until a removal).
+        self.removed_install_id: str | None = None
+
+    @property
+    def removed(self) -> bool:
+        """Whether the pack's pointer selects no generation (its history ends in removal)."""
+        return self.install_id is None
 
     @event(Advanced)
     def _advanced(
@@ -271,6 +316,30 @@ class PackActivation(Aggregate):
         payload_hash: str,
         category: str,
         source: dict[str, Any],
+        epoch: int,
+    ) -> None:
+        self.install_id = install_id
+        self.revision = revision
+        self.payload_hash = payload_hash
+        self.category = category
+        self.epoch = epoch
+
+    @event(Removed)
+    def _removed(self, pack: str, from_install_id: str, from_revision: str, epoch: int) -> None:
+        self.install_id = self.revision = self.payload_hash = self.category = None
+        self.removed_install_id = from_install_id
+        self.epoch = epoch
+
+    @event(Reinstalled)
+    def _reinstalled(
+        self,
+        pack: str,
+        install_id: str,
+        revision: str,
+        payload_hash: str,
+        category: str,
+        source: dict[str, Any],
+        origin: str,
         epoch: int,
     ) -> None:
         self.install_id = install_id
@@ -297,6 +366,7 @@ class PackActivation(Aggregate):
     def advance(self, generation: Generation) -> None:
         """Move the pointer to ``generation`` with epoch + 1 (R8)."""
         assert generation.source.revision is not None
+        assert self.install_id is not None and self.revision is not None
         self._advanced(
             pack=self.pack,
             from_install_id=self.install_id,
@@ -306,6 +376,30 @@ class PackActivation(Aggregate):
             payload_hash=generation.payload_hash,
             category=generation.category,
             source=generation.source.to_json(),
+            epoch=self.epoch + 1,
+        )
+
+    def remove(self) -> None:
+        """Move the pointer from the active generation to none, epoch + 1 (R7)."""
+        assert self.install_id is not None and self.revision is not None
+        self._removed(
+            pack=self.pack,
+            from_install_id=self.install_id,
+            from_revision=self.revision,
+            epoch=self.epoch + 1,
+        )
+
+    def reinstall(self, generation: Generation) -> None:
+        """A removed pack installed again: the pointer selects ``generation``, epoch + 1."""
+        assert self.install_id is None and generation.source.revision is not None
+        self._reinstalled(
+            pack=self.pack,
+            install_id=generation.install_id,
+            revision=generation.source.revision,
+            payload_hash=generation.payload_hash,
+            category=generation.category,
+            source=generation.source.to_json(),
+            origin=generation.origin.value,
             epoch=self.epoch + 1,
         )
 
@@ -362,6 +456,23 @@ class LocalPack(Aggregate):
         path: str
         payload_hash: str
 
+    class Removed(Aggregate.Event):
+        """The local_path pack is removed: its compatibility-view row goes (R7)."""
+
+        pack: str
+        install_id: str
+
+    class Reinstalled(Aggregate.Event):
+        """A removed local_path pack installed again: a fresh incarnation and install id."""
+
+        pack: str
+        install_id: str
+        incarnation: int
+        category: str
+        locator: str
+        path: str
+        payload_hash: str
+
     @staticmethod
     def create_id(pack: str, **_: Any) -> UUID:
         return local_id(pack)
@@ -376,6 +487,8 @@ class LocalPack(Aggregate):
         self.locator = locator
         self.path = path
         self.payload_hash = payload_hash
+        self.incarnation = 1
+        self.removed = False
 
     @event(Updated)
     def _updated(
@@ -386,9 +499,48 @@ class LocalPack(Aggregate):
         self.path = path
         self.payload_hash = payload_hash
 
+    @event(Removed)
+    def _removed(self, pack: str, install_id: str) -> None:
+        self.removed = True
+
+    @event(Reinstalled)
+    def _reinstalled(
+        self,
+        pack: str,
+        install_id: str,
+        incarnation: int,
+        category: str,
+        locator: str,
+        path: str,
+        payload_hash: str,
+    ) -> None:
+        self.install_id = install_id
+        self.incarnation = incarnation
+        self.category = category
+        self.locator = locator
+        self.path = path
+        self.payload_hash = payload_hash
+        self.removed = False
+
     def update(self, category: str, locator: str, path: str, payload_hash: str) -> None:
         self._updated(
             pack=self.pack, category=category, locator=locator, path=path, payload_hash=payload_hash
+        )
+
+    def remove(self) -> None:
+        self._removed(pack=self.pack, install_id=self.install_id)
+
+    def reinstall(self, category: str, locator: str, path: str, payload_hash: str) -> None:
+        """Install a removed local_path pack again under a fresh install id."""
+        incarnation = self.incarnation + 1
+        self._reinstalled(
+            pack=self.pack,
+            install_id=install_id_for(self.pack, "local_path", payload_hash, incarnation),
+            incarnation=incarnation,
+            category=category,
+            locator=locator,
+            path=path,
+            payload_hash=payload_hash,
         )
 
 

@@ -3,7 +3,9 @@
 Paths are relative to the manifest file. Sources are either
 ``official_repo`` (a git repository + full 40-hex commit id + path of
 ``pack.json`` inside it) or ``local_path`` (a directory holding ``pack.json``).
-Audiences are parsed into typed pairs at this edge (R2).
+Audiences are parsed into typed pairs at this edge (R2). ``remove`` lists
+installed packs the release removes (R7); a name may not also be under
+``packs``, nor be listed twice.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ class ManifestModel(StrictModel):
     #: Absent: keep the current bindings (re-bound to moved generations);
     #: present (even empty): exactly this set.
     bindings: Annotated[list[BindingModel], FirstError] | None = None
+    #: Installed packs this release removes (R7), by name.
+    remove: Annotated[list[PackText], FirstError] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,10 @@ class BindingSpec:
 class Manifest:
     packs: tuple[ManifestPack, ...]
     bindings: tuple[BindingSpec, ...] | None
+    #: Packs to remove, in manifest order (the index is ``remove[i]`` in errors).
+    remove: tuple[PackName, ...] = ()
+    #: The manifest file, for error messages; not part of the release.
+    file: str = field(default="", compare=False)
 
 
 def parse_manifest(data: Any, *, file: str) -> Manifest:
@@ -203,7 +211,30 @@ def parse_manifest(data: Any, *, file: str) -> Manifest:
         seen_bindings[spec] = index
         bindings.append(spec)
     specs = tuple(sorted(bindings, key=BindingSpec.sort_key))
-    return Manifest(tuple(packs), specs if model.bindings is not None else None)
+    removed: dict[str, int] = {}
+    for index, name in enumerate(model.remove):
+        field = f"remove[{index}]"
+        if name in seen:
+            raise InvalidInput(
+                f"{file}: {field}: pack {name!r} is also listed under packs[{seen[name]}]; "
+                "a release either installs a pack or removes it",
+                field=field,
+                file=file,
+            )
+        if name in removed:
+            raise InvalidInput(
+                f"{file}: {field}: pack {name!r} is listed twice "
+                f"(first at remove[{removed[name]}])",
+                field=field,
+                file=file,
+            )
+        removed[name] = index
+    return Manifest(
+        tuple(packs),
+        specs if model.bindings is not None else None,
+        tuple(PackName.trusted(name) for name in model.remove),
+        file,
+    )
 
 
 # -- legacy `_System_InstalledPack` records -----------------------------------------------

@@ -3,7 +3,8 @@
 ``rejection`` is the single matrix of every lifecycle rule: the preflight half
 runs before any append and the terminal half re-runs it on locked current
 state. ``decide`` turns a pack's state and its manifest target into one
-decision (install, adopt, advance, local update, unchanged).
+decision (install, adopt, advance, local update, unchanged); ``decide_removal``
+judges a manifest's ``remove`` entry (R7).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from domain.classifier import (
     LEGACY,
     NEVER_ACTIVATED,
     PREPARING,
+    REMOVABLE,
     Condition,
     PackState,
     classify,
 )
 from domain.content import hash_problem
-from domain.errors import LifecycleRejected
+from domain.errors import InvalidInput, LifecycleRejected
 from domain.lifecycle import MAX_EPOCH, GenerationStatus, SourceFacts, SourceKind
 
 # -- the preflight/terminal matrix (R11) --------------------------------------------------
@@ -75,7 +77,12 @@ class ImportLegacy:
     facts: dict[str, Any] = field(hash=False)
 
 
-Command = Install | Adopt | Advance | Activate | Fail | LocalUpdate | ImportLegacy
+@dataclass(frozen=True)
+class Remove:
+    """Retire the active generation with no successor, or remove a local_path record (R7)."""
+
+
+Command = Install | Adopt | Advance | Activate | Fail | LocalUpdate | ImportLegacy | Remove
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,8 @@ def rejection(
                     f"the attempt in progress is {state.newest.install_id}, not {install_id}",
                 )
             return None
+        case Remove():
+            return _remove(condition, state, max_epoch)
         case LocalUpdate(target=target):
             if condition in ACTIVATED or condition in NEVER_ACTIVATED:
                 return _reject(
@@ -176,7 +185,12 @@ def rejection(
 def _install(condition: Condition, target: Target) -> Rejection | None:
     if not target.source.is_authority:
         return _reject("LOCAL_PATH_NOT_AUTHORITY", "install needs an official_repo source")
-    if condition in (Condition.ABSENT, Condition.FIRST_FAILED_CLEAN, Condition.FIRST_FAILED_DIRTY):
+    if condition in (
+        Condition.ABSENT,
+        Condition.FIRST_FAILED_CLEAN,
+        Condition.FIRST_FAILED_DIRTY,
+        Condition.REMOVED,
+    ):
         return None
     if condition in PREPARING:
         return _reject("ATTEMPT_IN_PROGRESS", "an attempt is still preparing; recover it first")
@@ -263,6 +277,39 @@ def _advance(
     return None
 
 
+def _remove(condition: Condition, state: PackState, max_epoch: int) -> Rejection | None:
+    """R7 remove: the pointer moves from the active generation to none, epoch + 1.
+
+    A failed newest attempt (clean or dirty) belongs to the incarnation being removed
+    and stays in its history; removal serves nothing of the pack, so a dirty attempt
+    no longer holds publication back (R12 guards what is served).
+    """
+    if condition is Condition.LOCAL:
+        return None
+    if condition is Condition.ACTIVE_PREPARING:
+        return _reject("ATTEMPT_IN_PROGRESS", "an attempt is still preparing; recover it first")
+    if condition in ACTIVATED:
+        assert state.activation is not None
+        if state.activation.epoch >= max_epoch:
+            return _reject(
+                "EPOCH_EXHAUSTED",
+                f"the activation epoch {state.activation.epoch} cannot increase further",
+                epoch=state.activation.epoch,
+            )
+        return None
+    if condition in LEGACY:
+        return _reject(
+            "LEGACY_NOT_ADOPTED",
+            "a legacy record is not under ledger authority: adopt it (or apply it as "
+            "local_path) before removing it",
+        )
+    return _reject(
+        "NOT_INSTALLED",
+        f"there is no installed pack to remove (the pack is {condition.value})",
+        condition=condition.value,
+    )
+
+
 def _activate(
     condition: Condition, state: PackState, install_id: str, max_epoch: int
 ) -> Rejection | None:
@@ -300,6 +347,7 @@ class Decision(StrEnum):
     ADOPT = "adopt"
     ADVANCE = "advance"
     LOCAL_UPDATE = "local_update"
+    REMOVE = "remove"
 
 
 def after_recovery(state: PackState) -> PackState:
@@ -338,7 +386,7 @@ def decide(state: PackState, target: Target) -> tuple[Decision, Command | None]:
     if condition in LEGACY:
         return Decision.ADOPT, Adopt(target)
     if condition in ACTIVATED:
-        assert state.activation is not None
+        assert state.activation is not None and state.activation.revision is not None
         same = (
             state.activation.revision == target.source.revision
             and state.activation.payload_hash == target.payload_hash
@@ -349,3 +397,21 @@ def decide(state: PackState, target: Target) -> tuple[Decision, Command | None]:
         # fresh generation of that content: only a later activation clears it (R12).
         return Decision.ADVANCE, Advance(target, from_revision=state.activation.revision)
     return Decision.INSTALL, Install(target)
+
+
+def decide_removal(state: PackState, index: int, *, file: str) -> tuple[Decision, Command]:
+    """A manifest's ``remove[index]`` entry: INVALID, naming it, unless the pack is
+    installed (R7); what else may stop it is the matrix's ``Remove`` row."""
+    condition = classify(state)
+    if condition not in REMOVABLE and condition not in LEGACY and condition not in PREPARING:
+        field = f"remove[{index}]"
+        raise InvalidInput(
+            f"{file}: {field}: {state.pack!r} names no installed pack "
+            f"(it is {condition.value}); there is nothing to remove",
+            field=field,
+            file=file,
+            pack=state.pack,
+            condition=condition.value,
+            rule="R7",
+        )
+    return Decision.REMOVE, Remove()

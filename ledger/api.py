@@ -17,21 +17,25 @@ same typed errors (``domain.errors``) the CLI turns into exit codes::
 
 from __future__ import annotations
 
+import base64
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO, TypedDict, cast
+from typing import IO, Any, TextIO, TypedDict, cast, overload
 
 from domain.canonical import parse_json
-from domain.errors import Conflict, IntegrityFailure, InvalidInput, UsageError
+from domain.errors import IntegrityFailure, InvalidInput, LedgerError, UsageError
+from domain.identity import Audience
 from ledger.audit.export import export_jsonl
-from ledger.audit.history import history, view_at
-from ledger.audit.proofs import MerkleLog, checkpoint, verify_proof
+from ledger.audit.history import audience_history, history, view_at
+from ledger.audit.proofs import MerkleLog, checkpoint, origin_of, verify_proof
 from ledger.audit.results import (
+    AudienceHistoryResult,
     CheckpointNote,
     ConsistencyProof,
     HistoryResult,
@@ -40,15 +44,20 @@ from ledger.audit.results import (
     ProofCheck,
 )
 from ledger.audit.verify import AuditReport, verify_chain_parallel, verify_log
+from ledger.commands.core import DEFAULT_LEASE_TTL
+from ledger.commands.credentials import CredentialList, IssuedCredential, RevokedCredential
 from ledger.commands.results import ApplyResult, ImportLegacyResult, PublishResult
 from ledger.commands.service import WRITER_LEASE, CommandService
 from ledger.commands.sources import load_manifest, read_input_file, resolve_packs
 from ledger.log.checkpoint import Checkpoint, SignerKey, VerifierKey
 from ledger.log.db import Database, open_database, resolve_url
-from ledger.store import contract
+from ledger.store import contract, migrations
 from ledger.store.init import StoreInfo, init_store, require_schema
 from ledger.store.init import ddl as store_ddl
+from ledger.store.migrations import MigrateResult
 from ledger.store.rebuild import default_workers, process_builder
+from ledger.store.restore import import_jsonl as restore_jsonl
+from ledger.store.restore import read_lines
 from ledger.store.runtime import Ledger
 from projections.queries import PackStatus, pack_status
 from projections.reader import AudienceView, CatalogReader, parse_audience, parse_revision
@@ -80,9 +89,30 @@ class DoctorResult(TypedDict):
     differences: list[SchemaDifference]
 
 
+def doctor_exit_code(report: DoctorResult) -> int:
+    """0 when nothing unsafe differs; 5 when only a migration is pending; 6 otherwise."""
+    unsafe = [d for d in report["differences"] if not d["safe"]]
+    if not unsafe:
+        return 0
+    if all(d["found"].endswith(contract.MIGRATE_HINT) for d in unsafe):
+        return 5
+    return 6
+
+
 class LogHead(TypedDict):
     position: int
     chain: str
+
+
+class ImportResult(TypedDict):
+    """``import --jsonl``: the imported log (size, chain head, Merkle root) and the views."""
+
+    imported: int
+    head_position: int
+    chain: str  # hex, as `log` and `audit verify` show it
+    root: str  # base64, as `audit verify` and checkpoints show it
+    origin: str  # this store's checkpoint origin: it keeps its own store id
+    views_rebuilt: list[str]
 
 
 class LogRow(TypedDict):
@@ -119,6 +149,7 @@ class ViewCheck(TypedDict):
     rows: int
     ok: bool
     difference: dict[str, Any] | None
+    digest: str  # hex digest of the live rows: the same log gives it on every engine
 
 
 class ProjectionsVerifyResult(TypedDict):
@@ -230,6 +261,7 @@ class Store:
         self.url = resolve_url(url)
         self._db: Database | None = None
         self._ledger: Ledger | None = None
+        self._older_ok = False
 
     # -- lifecycle of the handle ---------------------------------------------------------
 
@@ -242,11 +274,23 @@ class Store:
 
     @property
     def ledger(self) -> Ledger:
-        """The initialized store (a clear error when ``init`` has not run)."""
-        if self._ledger is None:
+        """The initialized store at this program's schema version (checked once per
+        handle: an unsafe difference is INTEGRITY, an older version MIGRATION_REQUIRED)."""
+        return self._open(allow_older=False)
+
+    @property
+    def audit_ledger(self) -> Ledger:
+        """The store for the read-only audit commands (``audit verify``, ``audit
+        checkpoint``, ``audit prove``, ``export``, ``history``, ``log``): they read every
+        schema version this release knows."""
+        return self._open(allow_older=True)
+
+    def _open(self, *, allow_older: bool) -> Ledger:
+        if self._ledger is None or (self._older_ok and not allow_older):
             require_schema(self.db)
-            contract.require(self.db)  # an unsafe schema difference refuses every command
+            contract.require(self.db, allow_older=allow_older)  # R24, before anything else
             self._ledger = Ledger(self.db)
+            self._older_ok = allow_older
         return self._ledger
 
     def opener(self) -> Callable[[], Ledger]:
@@ -296,9 +340,19 @@ class Store:
             "differences": [cast(SchemaDifference, d.to_json()) for d in found],
         }
 
+    def migrate(self, *, dry_run: bool = False) -> MigrateResult:
+        """Run the numbered schema migrations under the migration lock (R24); never
+        downgrades and never changes a stored event byte. ``dry_run`` lists them."""
+        require_schema(self.db)
+        result = migrations.migrate(self.db, dry_run=dry_run)
+        self._ledger = None  # the next command checks the migrated schema afresh
+        if result["applied"] and not dry_run:
+            init_store(self.db)  # new views get their state and are built from the log
+        return result
+
     def log(self, *, from_position: int = 1, limit: int = 50) -> LogPage:
         """Log rows from ``from_position``: topic, aggregate, version, event id, chain."""
-        recorder = self.ledger.recorder
+        recorder = self.audit_ledger.recorder
         with self.db.read() as conn:
             head = recorder.head_in(conn)
             rows = recorder.read_rows(conn, after=from_position - 1, limit=limit)
@@ -327,9 +381,8 @@ class Store:
     # -- the writer lease (R27) -----------------------------------------------------------
 
     def lease_status(self) -> LeaseStatus:
-        """Who holds the writer lease, at which epoch, until when (never a secret)."""
-        with self.ledger.snapshot() as reader:
-            lease = reader.lease(WRITER_LEASE)
+        """Who holds the writer lease, at which epoch, until when (renewals included)."""
+        lease, expiry = self.service().lease_state()
         now = int(time.time() * 1_000_000)
         if lease is None:
             return {
@@ -339,29 +392,26 @@ class Store:
                 "epoch": 0,
                 "expires_at": None,
             }
-        held = not lease.is_free(now)
+        held = not lease.released and now < expiry
         return {
             "lease": WRITER_LEASE,
             "held": held,
             "holder": lease.holder if held else None,
             "epoch": lease.epoch,
-            "expires_at": _rfc3339(lease.expires_at_us) if held else None,
+            "expires_at": _rfc3339(expiry) if held else None,
         }
 
     def lease_break(self, holder: str) -> LeaseStatus:
         """Free ``holder``'s lease at once (refused, CONFLICT, unless it holds it). The epoch
         moves on, so a wrongly presumed-dead holder is fenced out of every append."""
-        with self.ledger.snapshot() as reader:
-            lease = reader.lease(WRITER_LEASE)
-        if lease is None:
-            raise Conflict(f"lease {WRITER_LEASE!r} has never been held", rule="R27")
-        lease.break_for(holder)
-        self.ledger.app.save(lease)
+        self.service().break_lease(holder)
         return self.lease_status()
 
     # -- commands ------------------------------------------------------------------------
 
-    def service(self, *, wait: float = 30.0, lease_ttl: float = 300.0) -> CommandService:
+    def service(
+        self, *, wait: float = 30.0, lease_ttl: float = DEFAULT_LEASE_TTL
+    ) -> CommandService:
         return CommandService(self.ledger, lease_wait=wait, lease_ttl=lease_ttl)
 
     def apply(
@@ -371,9 +421,15 @@ class Store:
         command_id: str | None = None,
         publish: bool = True,
         wait: float = 30.0,
-        lease_ttl: float = 300.0,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        rebuild_stale: bool = False,
     ) -> ApplyResult:
-        """Converge the store to a release manifest (packs, bindings, one revision)."""
+        """Converge the store to a release manifest (packs, bindings, one revision).
+
+        A view built by other view code than this program's refuses the release
+        before any append (R25); ``rebuild_stale`` rebuilds such views first."""
+        if rebuild_stale:
+            self.rebuild_stale()
         service = self.service(wait=wait, lease_ttl=lease_ttl)
         return service.apply(Path(manifest), command_id=command_id, publish=publish)
 
@@ -386,6 +442,23 @@ class Store:
     ) -> ImportLegacyResult:
         """Record an existing ``_System_InstalledPack`` table once, so packs can be adopted."""
         return self.service().import_legacy(Path(file), command_id=command_id)
+
+    # -- audience credentials (R26) -------------------------------------------------------
+
+    def credentials_issue(self, audience: str, *, expires_in: str = "90d") -> IssuedCredential:
+        """A new credential for ``audience`` (expiry ``90d``, ``12h``, ``30m``, ``3600s`` or
+        ``never``). The result holds the token: the only time it is ever shown."""
+        return self.service().credentials_issue(audience, expires_in=expires_in)
+
+    def credentials_revoke(self, credential_id: str) -> RevokedCredential:
+        """Revoke a credential: MISSING if unknown, a no-op if already revoked; servers
+        refuse its token within one second."""
+        return self.service().credentials_revoke(credential_id)
+
+    def credentials_list(self, *, audience: str | None = None) -> CredentialList:
+        """Every credential (of ``audience``) with status, issue, expiry and revocation
+        times; never a token or its digest."""
+        return self.service().credentials_list(audience=audience)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -411,13 +484,77 @@ class Store:
         minimum = None if min_revision is None else parse_revision(str(min_revision))
         return CatalogReader(self.ledger.db).view(parsed, min_revision=minimum)
 
-    def history(self, pack: str) -> HistoryResult:
-        """Every lifecycle event of ``pack``, from the log alone."""
-        return {"pack": pack, "events": history(self.ledger, pack)}
+    @overload
+    def history(self, pack: str) -> HistoryResult: ...
+
+    @overload
+    def history(self, pack: None = None, *, audience: str) -> AudienceHistoryResult: ...
+
+    def history(
+        self, pack: str | None = None, *, audience: str | None = None
+    ) -> HistoryResult | AudienceHistoryResult:
+        """Every lifecycle event of ``pack``, or every binding and credential event of
+        ``audience`` (R26), from the log alone. Exactly one of the two."""
+        if (pack is None) == (audience is None):
+            raise UsageError("give --pack PACK or --audience AUDIENCE (exactly one)")
+        if audience is not None:
+            parsed = Audience.parse(audience, field="audience")
+            pair = (parsed.kind.value, str(parsed.id))
+            return {"audience": parsed.text, "events": audience_history(self.audit_ledger, pair)}
+        assert pack is not None
+        return {"pack": pack, "events": history(self.audit_ledger, pack)}
 
     def export(self, out: TextIO) -> int:
         """Write every event as JSON lines (schema/LOG-FORMAT.md); returns the count."""
-        return export_jsonl(self.ledger, out)
+        return export_jsonl(self.audit_ledger, out)
+
+    def import_jsonl(
+        self,
+        source: Path | str | IO[bytes] | IO[str],
+        *,
+        progress: Progress | None = None,
+        rebuild_progress: Progress | None = None,
+        workers: int | None = None,
+    ) -> ImportResult:
+        """Load an ``export --jsonl`` (a path or an open file) into this empty store.
+
+        Every line's position, event id, chain link and type is checked as it
+        streams in, inside one transaction: the first bad line is INTEGRITY (or
+        INVALID for a malformed one) naming it, and nothing is committed. The
+        stored bytes are kept exactly; then every view is rebuilt from the
+        imported log (a rebuild that fails leaves the log imported: run
+        ``projections rebuild``). The store must be initialized (``init``) and
+        empty. ``progress(done, total)`` counts the file's bytes.
+        """
+        ledger = self.ledger  # an uninitialized or drifted store fails before any read
+        if isinstance(source, Path | str):
+            path = Path(source)
+            try:
+                handle: IO[bytes] | IO[str] = path.open("rb")
+            except OSError as exc:
+                raise InvalidInput(f"cannot read {path}: {exc.strerror}", field="file") from None
+            with handle:
+                lines = read_lines(handle, name=str(path))
+                restored = restore_jsonl(ledger, lines, total=_size_of(handle), progress=progress)
+        else:
+            lines = read_lines(source, name=str(getattr(source, "name", "the input")))
+            restored = restore_jsonl(ledger, lines, total=_size_of(source), progress=progress)
+        try:
+            rebuilt = self.rebuild(progress=rebuild_progress, workers=workers)
+        except LedgerError as exc:
+            raise type(exc)(
+                f"the log was imported ({restored.imported} events) but the views were not "
+                f"rebuilt: {exc.message}; run `catalog-ledger projections rebuild`",
+                **{**exc.details, "imported": restored.imported},
+            ) from None
+        return {
+            "imported": restored.imported,
+            "head_position": restored.head_position,
+            "chain": restored.chain.hex(),
+            "root": base64.b64encode(restored.root).decode("ascii"),
+            "origin": origin_of(ledger),
+            "views_rebuilt": list(rebuilt),
+        }
 
     # -- audit ---------------------------------------------------------------------------
 
@@ -434,7 +571,7 @@ class Store:
         """Verify the whole log; INTEGRITY naming the first bad position if anything fails."""
         note = read_text(from_checkpoint, "from_checkpoint") if from_checkpoint else None
         report = verify_log(
-            self.ledger,
+            self.audit_ledger,
             from_checkpoint=note,
             verifier=verifier_key(key),
             replay=replay,
@@ -453,7 +590,7 @@ class Store:
 
     def checkpoint(self, *, sign: Path | None = None) -> CheckpointNote:
         """The C2SP tlog-checkpoint of the log, optionally as a signed note."""
-        cp = checkpoint(self.ledger)
+        cp = checkpoint(self.audit_ledger)
         note = cp.text()
         if sign is not None:
             note = SignerKey.parse(read_text(sign, "sign"), field="sign").sign(note)
@@ -470,7 +607,7 @@ class Store:
         """An inclusion proof (``position``) or a consistency proof (``from_size``)."""
         if (position is None) == (from_size is None):
             raise UsageError("give either --position N [--size S] or --from-size A [--to-size B]")
-        log = MerkleLog(self.ledger)
+        log = MerkleLog(self.audit_ledger)
         if position is not None:
             return log.inclusion(position, size or log.size())
         assert from_size is not None
@@ -504,6 +641,22 @@ class Store:
             check=self._check_chain if chain_check else None,
         )
 
+    def stale_views(self) -> list[str]:
+        """The views built by other view code than this program's (R25): never served
+        nor written until rebuilt."""
+        status = self.ledger.runner.status(self.ledger.db)
+        return [
+            v["name"]
+            for v in status["views"]
+            if v.get("state") != "missing"
+            and v.get("built_with_code_version") != v.get("code_version")
+        ]
+
+    def rebuild_stale(self, *, progress: Progress | None = None) -> dict[str, RebuildOutcome]:
+        """Rebuild (blue/green, chain checked) exactly the views ``stale_views`` names."""
+        stale = self.stale_views()
+        return self.rebuild(stale, progress=progress) if stale else {}
+
     def _check_chain(self, size: int) -> None:
         """Every event id and chain link up to ``size``, in one worker process."""
         problems, _root, _chain = verify_chain_parallel(self.url, size, workers=1)
@@ -526,6 +679,7 @@ class Store:
                 "rows": r.rows,
                 "ok": r.ok,
                 "difference": asdict(r.difference) if r.difference else None,
+                "digest": r.digest.hex(),
             }
             for r in results
         ]
@@ -547,6 +701,15 @@ class Store:
                 state = self.ledger.runner.catch_up(self.ledger.db, p.name)
                 done[p.name] = {"position": state.position, "stopped": state.stopped}
         return done
+
+
+def _size_of(handle: IO[bytes] | IO[str]) -> int | None:
+    """The size of a regular file (for progress); None for a pipe or a stream."""
+    try:
+        info = os.fstat(handle.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 def open_store(url: str | None = None) -> Store:

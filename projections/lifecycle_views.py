@@ -2,9 +2,11 @@
 
 * ``_System_InstalledPack`` — the compatibility view: one row per pack,
   describing only the *selected* generation (never the newest attempt), or the
-  in-place record of a ``local_path`` pack, or a not-yet-adopted legacy row.
+  in-place record of a ``local_path`` pack, or a not-yet-adopted legacy row. A
+  removed pack has no row (R7); the log keeps its history.
 * ``_System_PackGeneration`` — every attempt with its status and frozen facts.
-* ``_System_PackActivation`` — pack, selected install id, epoch.
+* ``_System_PackActivation`` — pack, selected install id, epoch (no row while the
+  pack is removed: the pointer selects nothing).
 * ``_System_PackComponent`` — the immutable components of every generation,
   materialized at preparation so publication never reopens a source.
 """
@@ -23,8 +25,12 @@ from domain.event_types import (
     T_FAILED,
     T_LEGACY,
     T_LOCAL_INSTALLED,
+    T_LOCAL_REINSTALLED,
+    T_LOCAL_REMOVED,
     T_LOCAL_UPDATED,
     T_PREPARED,
+    T_REINSTALLED,
+    T_REMOVED,
     T_RETIRED,
     T_STARTED,
 )
@@ -62,19 +68,38 @@ INSTALLED_PACK = view_table(
 
 
 class InstalledPackView(Projection):
-    """``_System_InstalledPack`` follows the activation pointer, never attempts (R8)."""
+    """``_System_InstalledPack`` follows the activation pointer, never attempts (R8);
+    a removal deletes the row (R7)."""
 
     name = "installed_pack"
+    # Removal and re-installation (issue 15) added types but change no row of any log
+    # without them, so views built before stay exact: the version is unchanged.
     version = 1
     tables = (INSTALLED_PACK,)
     types: ClassVar[frozenset[str]] = frozenset(
-        {T_STARTED, T_ADVANCED, T_LOCAL_INSTALLED, T_LOCAL_UPDATED, T_LEGACY}
+        {
+            T_STARTED,
+            T_ADVANCED,
+            T_REMOVED,
+            T_REINSTALLED,
+            T_LOCAL_INSTALLED,
+            T_LOCAL_UPDATED,
+            T_LOCAL_REMOVED,
+            T_LOCAL_REINSTALLED,
+            T_LEGACY,
+        }
     )
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data
         topic = event.type
-        if topic in (T_STARTED, T_ADVANCED):
+        if topic in (T_REMOVED, T_LOCAL_REMOVED):
+            key = (enc(d["pack"]),)
+            if rows.get(INSTALLED_PACK, key) is None:
+                raise LookupError(f"pack {d['pack']!r} removed while it had no row")
+            rows.delete(INSTALLED_PACK, key)
+            return
+        if topic in (T_STARTED, T_ADVANCED, T_REINSTALLED):
             source = d["source"]
             row = {
                 "pack": enc(d["pack"]),
@@ -87,7 +112,7 @@ class InstalledPackView(Projection):
                 "status": _ACTIVE,
                 "epoch": d["epoch"],
             }
-        elif topic == T_LOCAL_INSTALLED:
+        elif topic in (T_LOCAL_INSTALLED, T_LOCAL_REINSTALLED):
             row = self._local(d, enc(d["install_id"]))
         elif topic == T_LOCAL_UPDATED:
             current = rows.get(INSTALLED_PACK, (enc(d["pack"]),))
@@ -212,15 +237,19 @@ PACK_ACTIVATION = view_table(
 
 
 class PackActivationView(Projection):
-    """``_System_PackActivation``: the pointer, with the log position it moved at."""
+    """``_System_PackActivation``: the pointer, with the log position it moved at; no row
+    while the pack is removed (R7)."""
 
     name = "pack_activation"
-    version = 1
+    version = 1  # removal added types, no row of an older log changes (see above)
     tables = (PACK_ACTIVATION,)
-    types: ClassVar[frozenset[str]] = frozenset({T_STARTED, T_ADVANCED})
+    types: ClassVar[frozenset[str]] = frozenset({T_STARTED, T_ADVANCED, T_REMOVED, T_REINSTALLED})
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data
+        if event.type == T_REMOVED:
+            rows.delete(PACK_ACTIVATION, (enc(d["pack"]),))
+            return
         rows.put(
             PACK_ACTIVATION,
             {

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from projections.catalog_views import CATALOG_PROJECTIONS
 from projections.command_log import CommandLogView
+from projections.credentials import CredentialView
 from projections.framework import Projection, ViewTable
 from projections.lifecycle_views import LIFECYCLE_PROJECTIONS
 
 ALL_PROJECTIONS: tuple[Projection, ...] = (
     *LIFECYCLE_PROJECTIONS,
     *CATALOG_PROJECTIONS,
+    CredentialView(),
     CommandLogView(),
 )
 

@@ -8,7 +8,9 @@ write transactions). Dependencies therefore still point inward.
 from __future__ import annotations
 
 import gc
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from typing import Any, NotRequired, Protocol, TypedDict
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from domain.digests import ZERO_CHAIN
+from domain.digests import ZERO_CHAIN, Purpose, hasher, lp
 from domain.errors import Conflict, InvalidInput
 from domain.event_types import EVENT_TYPES
 from domain.log import LoggedEvent
@@ -37,6 +39,9 @@ from projections.framework import (
 )
 
 Progress = Callable[[int, int], None]
+
+#: Standard-library logging only (this layer stays free of the CLI's setup).
+log = logging.getLogger("catalog_ledger.projections")
 
 
 class ViewStatus(TypedDict):
@@ -135,6 +140,8 @@ class VerifyResult:
     position: int
     rows: int
     difference: Difference | None
+    #: ``rows_digest`` of the live rows: equal on every engine for the same log.
+    digest: bytes = b""
 
     @property
     def ok(self) -> bool:
@@ -206,8 +213,10 @@ class ProjectionRunner:
         """Apply freshly appended rows to every running inline projection (same txn)."""
         if not rows:
             return
+        start = time.perf_counter()
         states = load_states(conn)
         first = rows[0].position
+        updated = 0
         for projection in self.projections:
             if not projection.inline:
                 continue
@@ -224,6 +233,18 @@ class ProjectionRunner:
                     *rows,
                 ]
             self._advance(conn, projection, state, pending)
+            updated += 1
+        # The inline views are the "views" phase of every append (apply, publish, …).
+        log.info(
+            "phase",
+            extra={
+                "phase": "views",
+                "duration_ms": round((time.perf_counter() - start) * 1000, 3),
+                "views": updated,
+                "events": len(rows),
+                "position": rows[-1].position,
+            },
+        )
 
     def _rows_between(self, conn: Connection, after: int, upto: int) -> Iterator[LoggedEvent]:
         position = after
@@ -248,6 +269,10 @@ class ProjectionRunner:
         if outcome.error is not None:
             state.stopped = True
             state.error = outcome.error
+            log.error(
+                "view stopped at a poison event",
+                extra={"view": projection.name, **outcome.error},
+            )
         save_state(conn, state)
 
     # -- catch-up ---------------------------------------------------------------------
@@ -288,8 +313,11 @@ class ProjectionRunner:
         stands, so views are never served from a log that does not verify.
         """
         chosen = self.select(names)
+        start = time.perf_counter()
         with store.write() as conn:
             states = load_states(conn, lock=True)
+            if not names:  # a view added after this store's init waits for init to build it
+                chosen = [p for p in chosen if p.name in states]
             head0 = self.log.head_in(conn).position
             versions: dict[str, tuple[int, int]] = {}
             for p in chosen:
@@ -331,14 +359,34 @@ class ProjectionRunner:
                     if name in versions:
                         st.building_version = None
                         save_state(conn, st)
+            log.error(
+                "rebuild refused: the log does not verify; nothing swapped",
+                extra={"views": [p.name for p in chosen], "head": head0},
+            )
             raise checked["error"]
         if errors:
+            log.error(
+                "rebuild stopped at a poison event; nothing swapped",
+                extra={"views": [p.name for p in chosen], "head": head0, "errors": errors},
+            )
             raise InvalidInput(
                 "rebuild stopped at a poison event; the live views are untouched",
                 field="name",
                 errors=errors,
             )
-        return self._swap(store, chosen, versions, head0)
+        report = self._swap(store, chosen, versions, head0)
+        log.info(
+            "rebuild swapped",
+            extra={
+                "views": sorted(report),
+                "head": head0,
+                "workers": workers,
+                "replayed": sum(r["replayed"] for r in report.values()),
+                "tail": sum(r["tail"] for r in report.values()),
+                "duration_ms": round((time.perf_counter() - start) * 1000, 3),
+            },
+        )
+        return report
 
     def build_versions(
         self,
@@ -475,6 +523,14 @@ class ProjectionRunner:
         chosen = self.select(names)
         with store.read() as conn:
             states = load_states(conn)
+            missing = [p.name for p in chosen if p.name not in states]
+            if missing and names:
+                raise InvalidInput(
+                    f"projection {missing[0]} has no state; run init", field="name", view=missing[0]
+                )
+            # A view added after this store's init has no rows to differ yet (``projections
+            # status`` shows it missing, and readers of it fail closed until init builds it).
+            chosen = [p for p in chosen if p.name in states]
             live: dict[str, dict[str, dict[tuple[Any, ...], Row]]] = {}
             for p in chosen:
                 st = states[p.name]
@@ -518,7 +574,8 @@ class ProjectionRunner:
             else:
                 difference = self._first_difference(p, live[p.name], memory[p.name])
             count = sum(len(v) for v in live[p.name].values())
-            results.append(VerifyResult(p.name, st.position, count, difference))
+            digest = rows_digest(p, live[p.name])
+            results.append(VerifyResult(p.name, st.position, count, difference, digest))
         return results
 
     @staticmethod
@@ -575,6 +632,35 @@ class ProjectionRunner:
                 }
             )
         return {"head": head.position, "views": views}
+
+
+def rows_digest(projection: Projection, tables: dict[str, dict[tuple[Any, ...], Row]]) -> bytes:
+    """One digest of a view's rows (``Purpose.PROJECTION``): every table in declaration
+    order, every row in key order (bytewise, R3), every column typed and length-prefixed.
+
+    It depends on nothing but the rows' values, so the same log gives the same digest on
+    SQLite and on the MySQL family: restoring a store on another engine is checked by
+    comparing these (``projections verify`` shows them).
+    """
+    h = hasher(Purpose.PROJECTION)
+    for table in projection.tables:
+        h.update(b"T" + lp(table.name.encode(), *(c.encode() for c in table.columns)))
+        for row in tables.get(table.name, {}).values():
+            h.update(b"R" + lp(lp(*(_cell(row[c]) for c in table.columns))))
+    return h.digest()
+
+
+def _cell(value: Any) -> bytes:
+    """A column value as typed bytes (booleans are the integers the engines store)."""
+    if value is None:
+        return b"\x00"
+    if isinstance(value, bool | int):
+        return b"\x01" + int(value).to_bytes(8, "big", signed=True)
+    if isinstance(value, bytes):
+        return b"\x02" + value
+    if isinstance(value, str):
+        return b"\x03" + value.encode("utf-8", "surrogatepass")
+    raise TypeError(f"a view column holds {type(value).__name__}, which has no digest encoding")
 
 
 def _safe_key(key: tuple[Any, ...]) -> tuple[tuple[int, Any], ...]:

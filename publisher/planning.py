@@ -16,7 +16,7 @@ from typing import Any
 
 from domain.canonical import canonical_bytes_trusted
 from domain.content import PackContent, fact_hasher
-from domain.errors import InvalidInput
+from domain.errors import InvalidInput, LifecycleRejected
 from domain.manifest import BindingSpec
 from publisher.catalog import (
     BindingRow,
@@ -144,6 +144,76 @@ def check_binding_credentials(
                 field=field,
                 rule="R15",
             )
+
+
+#: Most bindings listed in a removal's PACK_IN_USE error; the total is always reported.
+MAX_LISTED_BINDINGS = 200
+
+
+def check_removals(
+    current: Iterable[BindingRow],
+    desired: Sequence[BindingSpec] | None,
+    removed: Mapping[str, int],
+) -> None:
+    """R7: a pack is removed only if no binding uses it after the release.
+
+    ``removed`` maps each removed pack to its ``remove[i]`` index; the bindings
+    after the release are the manifest's (``desired``) or, without ``bindings``
+    in the manifest, the current ones. Rejected before any append, naming every
+    binding that still uses a removed pack.
+    """
+    if not removed:
+        return
+    users: list[dict[str, Any]] = []
+    if desired is not None:
+        for spec in desired:
+            if spec.pack in removed:
+                users.append(
+                    {
+                        "field": f"bindings[{spec.index}]",
+                        "audience": f"{spec.audience.kind.value}:{spec.audience.id}",
+                        "pack": spec.pack,
+                        "kind": spec.kind,
+                        "key": spec.key,
+                        "credential_set": spec.credential_set,
+                    }
+                )
+    else:
+        for row in sorted(current, key=lambda r: r.ident):
+            if row.pack in removed:
+                users.append(
+                    {
+                        "field": None,
+                        "audience": f"{row.audience_kind}:{row.audience_id}",
+                        "pack": row.pack,
+                        "kind": row.kind,
+                        "key": row.key,
+                        "credential_set": row.credential_set,
+                    }
+                )
+    if not users:
+        return
+    packs = sorted({u["pack"] for u in users}, key=lambda p: removed[p])
+    named = "; ".join(
+        f"{u['audience']} {u['pack']}/{u['kind']}/{u['key']}"
+        + (f" ({u['credential_set']})" if u["credential_set"] else "")
+        + (f" at {u['field']}" if u["field"] else "")
+        for u in users[:20]
+    )
+    more = f" and {len(users) - 20} more" if len(users) > 20 else ""
+    source = "the manifest's bindings" if desired is not None else "the current bindings"
+    first = f"remove[{removed[packs[0]]}]"
+    raise LifecycleRejected(
+        f"{first}: cannot remove {', '.join(repr(p) for p in packs)}: {len(users)} "
+        f"binding(s) would still use it after the release ({source}): {named}{more}; "
+        "revoke them in the same release (list bindings without them) or keep the pack",
+        reason="PACK_IN_USE",
+        rule="R7",
+        field=first,
+        packs=packs,
+        binding_count=len(users),
+        bindings=users[:MAX_LISTED_BINDINGS],
+    )
 
 
 def plan_bindings(

@@ -16,7 +16,12 @@ def cli(*args: str) -> Result:
     """``catalog-ledger ARGS`` in this process: exit code, stdout and stderr."""
     saved = {
         k: os.environ.pop(k)
-        for k in ("CATALOG_LEDGER_DB", "CATALOG_LEDGER_DEBUG")
+        for k in (
+            "CATALOG_LEDGER_DB",
+            "CATALOG_LEDGER_DEBUG",
+            "CATALOG_LEDGER_LOG_FORMAT",
+            "CATALOG_LEDGER_LOG_LEVEL",
+        )
         if k in os.environ
     }
     out, err = io.StringIO(), io.StringIO()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,8 @@ def run_cli(
     full_env = dict(os.environ)
     full_env.pop("CATALOG_LEDGER_DB", None)
     full_env.pop("CATALOG_LEDGER_DEBUG", None)
+    full_env.pop("CATALOG_LEDGER_LOG_FORMAT", None)
+    full_env.pop("CATALOG_LEDGER_LOG_LEVEL", None)
     if env:
         full_env.update(env)
     proc = subprocess.run(
@@ -60,15 +64,47 @@ def free_port() -> int:
 class ServedStore:
     """``catalog-ledger serve`` in a child process on loopback, with an HTTP client."""
 
-    def __init__(self, url: str, *, timeout: float = 30) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 30,
+        options: Sequence[str] = (),
+        serve_options: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        auth: bool = False,
+        https_ca: Path | None = None,
+    ) -> None:
+        """``options`` go before ``serve`` (``--log-format json``), ``serve_options`` after.
+
+        ``auth=False`` serves with ``--no-auth`` (loopback): for tests whose point is not
+        authentication; the R26 tests serve with bearer tokens (``auth=True``).
+        ``https_ca``: the server serves HTTPS (``--tls-cert`` in ``serve_options``) with a
+        certificate this CA signed; the client trusts it."""
         self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"{'https' if https_ca else 'http'}://127.0.0.1:{self.port}"
+        no_auth = () if auth else ("--no-auth",)
         self.proc = subprocess.Popen(
-            [str(SCRIPT), "--db", url, "serve", "--port", str(self.port)],
+            [
+                str(SCRIPT),
+                "--db",
+                url,
+                *options,
+                "serve",
+                "--port",
+                str(self.port),
+                *no_auth,
+                *serve_options,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            env=None if env is None else {**os.environ, **env},
         )
-        self.client = httpx.Client(base_url=self.base, timeout=timeout)
+        self.stderr = ""
+        verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=str(https_ca)) if https_ca else True
+        )
+        self.client = httpx.Client(base_url=self.base, timeout=timeout, verify=verify)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -79,10 +115,12 @@ class ServedStore:
         self.close()
         raise AssertionError("server did not start")
 
-    def view(self, audience: str, **params: Any) -> httpx.Response:
+    def view(self, audience: str, *, token: str | None = None, **params: Any) -> httpx.Response:
         kind, _, ident = audience.partition(":")
         return self.client.get(
-            f"/v1/audiences/{quote(kind, safe='')}/{quote(ident, safe='')}/view", params=params
+            f"/v1/audiences/{quote(kind, safe='')}/{quote(ident, safe='')}/view",
+            params=params,
+            headers={"authorization": f"Bearer {token}"} if token is not None else None,
         )
 
     def close(self) -> None:
@@ -90,4 +128,5 @@ class ServedStore:
         self.client.close()
         self.proc.terminate()
         _, err = self.proc.communicate(timeout=30)
-        assert b"Traceback" not in err, err.decode(errors="replace")
+        self.stderr = err.decode(errors="replace")
+        assert b"Traceback" not in err, self.stderr

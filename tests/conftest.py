@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 from bench.common import DEFAULT_MYSQL, mysql_connect, mysql_scratch
 from ledger.log.db import Database, open_database
 from ledger.store.init import init_store
+from tests.cluster_support import GaleraCluster, ReplicaPair, running
 from tests.lifecycle_support import World
 
 MYSQL_ENV = "CATALOG_LEDGER_TEST_MYSQL"
@@ -146,3 +147,18 @@ def world(engine_url: str, tmp_path: Path) -> Iterator[World]:
     w = World(tmp_path, engine_url)
     yield w
     w.close()
+
+
+@pytest.fixture(scope="module")
+def galera_cluster() -> Iterator[GaleraCluster]:
+    """This module's own 3-node Galera cluster on free loopback ports (never 3306), every
+    node Synced; killed and removed after the module, whatever happened (R12)."""
+    with running(GaleraCluster(3)) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def replica_pair() -> Iterator[ReplicaPair]:
+    """This module's own MariaDB primary and asynchronous replica (R19), replicating."""
+    with running(ReplicaPair()) as pair:
+        yield pair

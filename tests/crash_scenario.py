@@ -139,7 +139,7 @@ def _failed_attempt(service: CommandService, r3: Path) -> None:
             from domain.identity import PackName
 
             state = reader.pack_state(PackName("sales"))
-        assert state.activation is not None
+        assert state.activation is not None and state.activation.revision is not None
         (candidate,) = service.prepare(
             handle, [(sales, Advance(sales.target, state.activation.revision))]
         ).values()

@@ -16,7 +16,7 @@ def test_r22_init_is_idempotent_and_log_shows_chain(engine_url: str, tmp_path: P
     first = run_cli("--db", engine_url, "init", "--json")
     assert first.code == 0, first.stdout + first.stderr
     assert first.json()["created"] is True
-    assert first.json()["schema_version"] == 1
+    assert first.json()["schema_version"] == 2
     again = run_cli("--db", engine_url, "init", "--json")
     assert again.code == 0 and again.json()["created"] is False
 

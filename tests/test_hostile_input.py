@@ -1361,8 +1361,12 @@ GRAMMAR: tuple[Command, ...] = (
     (("publish",), (), {"--command-id": "text"}),
     (("apply",), ("path",), {"--command-id": "text", "--wait": "number", "--no-publish": "flag"}),
     (("import-legacy",), ("path",), {"--command-id": "text"}),
-    (("history",), (), {"--pack": "text"}),
+    (("history",), (), {"--pack": "text", "--audience": "audience"}),
+    (("credentials", "issue"), ("audience",), {"--expires-in": "text"}),
+    (("credentials", "revoke"), ("text",), {}),
+    (("credentials", "list"), (), {"--audience": "audience"}),
     (("export",), (), {"--jsonl": "flag", "--out": "out"}),
+    (("import",), (), {"--jsonl": "path", "--workers": "number"}),
     (("pack", "hash"), ("path", "text"), {}),
     (("audit", "checkpoint"), (), {"--sign": "path"}),
     (
@@ -1386,7 +1390,11 @@ GRAMMAR: tuple[Command, ...] = (
     (("projections", "verify"), ("view-name",), {}),
     (("projections", "catch-up"), ("view-name",), {}),
     (("schema", "dump"), (), {"--out": "out-dir", "--stdout": "dialect"}),
-    (("serve",), (), {"--port": "bad-port", "--host": "text", "--log-level": "text"}),
+    (
+        ("serve",),
+        (),
+        {"--port": "bad-port", "--host": "text", "--log-level": "text", "--no-auth": "flag"},
+    ),
 )
 VIEW_NAMES = ("installed_packs", "generations", "catalog", "nope", "", "..", "INSTALLED_PACKS")
 
@@ -1492,6 +1500,10 @@ def test_r19_hostile_cli_argument_vectors_exit_with_typed_codes(
         ["view", "app:crm", "--at-revision", "١٢"],
         ["view", "app:x\udcff"],
         ["pack", "hash", "\udcfe", "sales"],
+        ["credentials", "issue", "app:x\udcff"],
+        ["credentials", "issue", "app:crm", "--expires-in", "\u0661\u0662d"],
+        ["credentials", "revoke", "\udcff"],
+        ["history", "--audience", "app:\udcff"],
     ],
 )
 def test_r19_undecodable_and_unicode_digit_arguments_get_typed_errors(

@@ -41,12 +41,21 @@ IO_MODULES = {
 ALLOWED_OURS = {
     "domain": set(),
     "publisher": {"domain"},
+    # Structured logging (stdlib only): any layer above the pure ones may log through it.
+    "ledger.observability": set(),
     # Views declare their tables with the log's identity column types (R3): one
     # declaration of binary identity semantics for every table in the store.
     "projections": {"domain", "ledger.log.sqltypes"},
     "ledger.log": {"domain"},
-    "ledger.store": {"domain", "ledger.log", "projections"},
-    "ledger.commands": {"domain", "ledger.log", "ledger.store", "projections", "publisher"},
+    "ledger.store": {"domain", "ledger.log", "ledger.observability", "projections"},
+    "ledger.commands": {
+        "domain",
+        "ledger.log",
+        "ledger.observability",
+        "ledger.store",
+        "projections",
+        "publisher",
+    },
     "ledger.audit": {
         "domain",
         "ledger.log",
@@ -62,11 +71,19 @@ ALLOWED_OURS = {
         "ledger.store",
         "ledger.commands",
         "ledger.audit",
+        "ledger.observability",
         "projections",
     },
     # Entrypoints are thin adapters over the API (and the audit's schema generators).
-    "ledger.cli": {"domain", "ledger.api", "ledger.audit", "ledger.http"},
-    "ledger.http": {"domain", "ledger.api", "ledger.store", "projections.reader"},
+    "ledger.cli": {"domain", "ledger.api", "ledger.audit", "ledger.http", "ledger.observability"},
+    "ledger.http": {
+        "domain",
+        "ledger.api",
+        "ledger.observability",
+        "ledger.store",
+        "projections.reader",
+        "projections.credentials",  # the live credentials bearer tokens are checked against
+    },
 }
 
 

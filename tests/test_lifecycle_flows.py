@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from domain.classifier import Condition, classify
-from domain.errors import Conflict, LifecycleRejected
+from domain.errors import LifecycleRejected
 from domain.lifecycle import GenerationStatus
 from domain.log import first_chain_break
 from domain.matrix import Advance
+from ledger.commands.core import LeaseLost
 from tests.cli_support import run_cli
 from tests.lifecycle_support import World, new_service
 
@@ -332,9 +333,11 @@ def test_r12_stale_lease_holder_append_rejected_by_fencing_epoch(world: World) -
     assert fresh.epoch == stale.epoch + 1
     target = world.resolved("sales", c2)
     head = world.head()
-    with pytest.raises(Conflict) as info:
+    with pytest.raises(LeaseLost) as info:
         slow.prepare(stale, [(target, Advance(target.target, c1))])
-    assert "fence" in info.value.message
+    assert "fenced out" in info.value.message
+    assert info.value.details["holder"] == world.service.holder
+    assert (info.value.details["epoch"], info.value.details["lost_epoch"]) == (3, 2)
     assert world.head() == head
     world.service.release_lease(fresh)
     slow.ledger.close()

@@ -1,5 +1,8 @@
 """R11/R13: every lifecycle state x every command is allowed or rejected with a named reason,
-and no rejected command appends anything. Real stores: SQLite file and MariaDB."""
+and no rejected command appends anything. Real stores: SQLite file and MariaDB.
+
+Removal (R7) is a command of its own and "removed" a state of its own; every state a pack
+can reach again after a removal (a fresh incarnation) is judged exactly as the first time."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import pytest
 
 from domain.classifier import Condition, classify
 from domain.errors import LedgerError, LifecycleRejected
+from domain.identity import PackName
 from domain.lifecycle import Generation
 from domain.matrix import Adopt, Advance, Install
 from ledger.commands.service import LeaseHandle
@@ -32,6 +36,7 @@ EXPECTED: dict[str, dict[Condition, str | None]] = {
         C.ACTIVE_PREPARING: "ATTEMPT_IN_PROGRESS",
         C.ACTIVE_FAILED_CLEAN: "ALREADY_ACTIVE",
         C.ACTIVE_FAILED_DIRTY: "ALREADY_ACTIVE",
+        C.REMOVED: OK,  # R7: installed again, as a fresh incarnation
     },
     "adopt": {
         C.ABSENT: "NO_LEGACY_RECORD",
@@ -46,6 +51,7 @@ EXPECTED: dict[str, dict[Condition, str | None]] = {
         C.ACTIVE_PREPARING: "ALREADY_ACTIVE",
         C.ACTIVE_FAILED_CLEAN: "ALREADY_ACTIVE",
         C.ACTIVE_FAILED_DIRTY: "ALREADY_ACTIVE",
+        C.REMOVED: "PACK_HAS_HISTORY",
     },
     "advance": {
         C.ABSENT: "MISSING_AUTHORITY",
@@ -60,6 +66,7 @@ EXPECTED: dict[str, dict[Condition, str | None]] = {
         C.ACTIVE_PREPARING: "ATTEMPT_IN_PROGRESS",
         C.ACTIVE_FAILED_CLEAN: OK,
         C.ACTIVE_FAILED_DIRTY: OK,
+        C.REMOVED: "MISSING_AUTHORITY",  # a removed pack is installed again, never advanced
     },
     "activate": {
         c: ("NOT_PREPARING" if c not in (C.FIRST_PREPARING, C.ACTIVE_PREPARING) else OK)
@@ -80,6 +87,7 @@ EXPECTED: dict[str, dict[Condition, str | None]] = {
             for c in Condition
             if c.value.startswith(("first", "active"))
         },
+        C.REMOVED: OK,  # a fresh incarnation may be local_path (R5: never authority)
     },
     "import_legacy": {
         C.ABSENT: OK,
@@ -92,7 +100,27 @@ EXPECTED: dict[str, dict[Condition, str | None]] = {
             if c not in (C.ABSENT, C.LEGACY_ACTIVE, C.LEGACY_INACTIVE, C.LEGACY_LOCAL)
         },
     },
+    # R7 remove: the pointer moves from the active generation to none (epoch + 1), or a
+    # local_path record goes. A failed newest attempt belongs to the removed incarnation.
+    # (``apply`` turns NOT_INSTALLED into INVALID naming ``remove[i]`` before this.)
+    "remove": {
+        C.ABSENT: "NOT_INSTALLED",
+        C.LEGACY_ACTIVE: "LEGACY_NOT_ADOPTED",
+        C.LEGACY_INACTIVE: "LEGACY_NOT_ADOPTED",
+        C.LEGACY_LOCAL: "LEGACY_NOT_ADOPTED",
+        C.LOCAL: OK,
+        C.FIRST_PREPARING: "NOT_INSTALLED",
+        C.FIRST_FAILED_CLEAN: "NOT_INSTALLED",
+        C.FIRST_FAILED_DIRTY: "NOT_INSTALLED",
+        C.ACTIVE: OK,
+        C.ACTIVE_PREPARING: "ATTEMPT_IN_PROGRESS",
+        C.ACTIVE_FAILED_CLEAN: OK,
+        C.ACTIVE_FAILED_DIRTY: OK,
+        C.REMOVED: "NOT_INSTALLED",
+    },
 }
+#: The states a pack can be in again after its history ended in removal (R7).
+AFTER_REMOVAL = frozenset(c for c in Condition if not c.value.startswith(("absent", "legacy")))
 
 
 class Matrix:
@@ -128,10 +156,27 @@ class Matrix:
         )
         self.handle = self.w.service.acquire_lease()
 
-    def into(self, condition: Condition) -> str:
+    def remove(self, pack: str) -> None:
+        self.w.service.activate(self.handle, {}, removals=[PackName(pack)])
+
+    def installed_and_removed(self, pack: str, version: int) -> None:
+        s, h = self.w.service, self.handle
+        target = self.w.resolved(pack, self.w.commit(pack, version))
+        (install_id,) = s.prepare(h, [(target, Install(target.target))]).values()
+        s.activate(h, {pack: install_id})
+        self.remove(pack)
+
+    def into(self, condition: Condition, *, after_removal: bool = False) -> str:
         pack = self.new_pack()
         s, h = self.w.service, self.handle
+        if after_removal:  # an earlier incarnation, installed and removed
+            assert condition in AFTER_REMOVAL
+            self.installed_and_removed(pack, 5)
         if condition is C.ABSENT:
+            return pack
+        if condition is C.REMOVED:
+            self.installed_and_removed(pack, 1)
+            assert classify(self.w.state(pack)) is condition
             return pack
         if condition is C.LEGACY_ACTIVE:
             self.legacy(pack)
@@ -175,7 +220,7 @@ class Matrix:
             legacy_content = w.resolved(pack, w.commit(pack, 1))
             return lambda: s.activate(h, {}, adoptions=[legacy_content])
         if name == "advance":
-            frm = state.activation.revision if state.activation else "0" * 40
+            frm = (state.activation.revision if state.activation else None) or "0" * 40
             return lambda: s.prepare(h, [(target, Advance(target.target, frm))])
         if name == "activate":
             return lambda: s.activate(h, {pack: newest})
@@ -184,6 +229,8 @@ class Matrix:
         if name == "local_update":
             folder = w.local_dir(pack, 9)
             return lambda: s.activate(h, {}, local_updates=[w.resolved_local(pack, folder)])
+        if name == "remove":
+            return lambda: s.activate(h, {}, removals=[PackName(pack)])
         assert name == "import_legacy"
         path = w.legacy_file(
             [
@@ -212,14 +259,39 @@ class Matrix:
             self.pause_lease = False
 
 
+def test_r13_the_matrix_has_a_cell_for_every_state_and_command() -> None:
+    assert {c: set(row) for c, row in EXPECTED.items()} == {c: set(Condition) for c in EXPECTED}
+
+
 @pytest.mark.parametrize("command", sorted(EXPECTED))
 def test_r13_state_command_matrix_rejects_by_name_and_appends_nothing(
     world: World, command: str
 ) -> None:
+    assert _mismatches(world, command, after_removal=False) == []
+
+
+@pytest.mark.parametrize("command", sorted(EXPECTED))
+def test_r7_r13_states_reached_again_after_a_removal_are_judged_as_the_first_time(
+    tmp_path: Path, sqlite_url: str, command: str
+) -> None:
+    """Every state a fresh incarnation can reach, on a pack whose earlier incarnation was
+    installed and removed (R7), gets the same cell as the first time. The classifier and
+    the matrix are pure; the engines are both covered by the test above, so this one runs
+    on SQLite only to keep the suite fast."""
+    world = World(tmp_path, sqlite_url)
+    try:
+        assert _mismatches(world, command, after_removal=True) == []
+    finally:
+        world.close()
+
+
+def _mismatches(world: World, command: str, *, after_removal: bool) -> list[str]:
     matrix = Matrix(world)
     mismatches = []
     for condition, expected in EXPECTED[command].items():
-        pack = matrix.into(condition)
+        if after_removal and condition not in AFTER_REMOVAL:
+            continue
+        pack = matrix.into(condition, after_removal=after_removal)
         run = matrix.command(command, pack)
         matrix.before()
         before = world.head()
@@ -239,7 +311,7 @@ def test_r13_state_command_matrix_rejects_by_name_and_appends_nothing(
             mismatches.append(f"{condition.value}: rejected but appended {after - before} events")
         elif expected is None and after == before:
             mismatches.append(f"{condition.value}: allowed but appended nothing")
-    assert mismatches == []
+    return mismatches
 
 
 def test_r11_category_change_rejected_in_preflight(world: World) -> None:

@@ -6,7 +6,8 @@ public command service: lease acquire / release / expiry (a controllable
 clock, no sleeping), recovery by the next holder, install and advance
 candidates, activation of one or several packs in one append, clean and dirty
 failures, legacy import and adoption, local_path updates, whole releases with
-grants and revokes (``apply``), publication, and exact retries (R10). Two
+grants and revokes (``apply``), pack removal and re-installation as a fresh
+incarnation (R7), publication, and exact retries (R10). Two
 writers share the store, each with its own connection pool, as two processes
 would.
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 import copy
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -52,8 +53,8 @@ from hypothesis.stateful import (
 )
 from sqlalchemy.engine import make_url
 
-from domain.classifier import ACTIVATED, LEGACY, PREPARING, Condition, classify
-from domain.errors import Conflict, LedgerError, LifecycleRejected, Missing, Stale
+from domain.classifier import ACTIVATED, LEGACY, PREPARING, REMOVABLE, Condition, classify
+from domain.errors import Conflict, InvalidInput, LedgerError, LifecycleRejected, Missing, Stale
 from domain.identity import Audience, PackName, SourceRevision
 from domain.lifecycle import Generation, GenerationStatus, generation_id
 from domain.manifest import LocalSource, ManifestPack, OfficialSource
@@ -144,7 +145,10 @@ class Sources:
         return resolved.payload_hash_v1 if kind == "v1" else resolved.payload_hash_v0
 
     def write_manifest(
-        self, packs: list[tuple[str, str, int]], bindings: list[Ident] | None
+        self,
+        packs: list[tuple[str, str, int]],
+        bindings: list[Ident] | None,
+        remove: list[str] | None = None,
     ) -> Path:
         entries: list[dict[str, Any]] = []
         for pack, kind, version in packs:
@@ -159,7 +163,11 @@ class Sources:
                 entries.append({"name": pack, "source": {"kind": "local_path", "path": folder}})
         specs = None if bindings is None else [binding_json(i) for i in sorted(bindings)]
         self.files += 1
-        return manifest(self.tmp / f"release-{self.files}.json", entries, specs)
+        path = manifest(self.tmp / f"release-{self.files}.json", entries, specs)
+        if remove:
+            document = json.loads(path.read_text(encoding="utf-8"))
+            path.write_text(json.dumps({**document, "remove": remove}), encoding="utf-8")
+        return path
 
     def write_legacy(self, record: dict[str, Any]) -> Path:
         self.files += 1
@@ -263,6 +271,8 @@ class PackModel:
     attempts: list[Attempt] = field(default_factory=list)
     active: Attempt | None = None
     epoch: int = 0
+    #: The history ends in removal (R7): until the next install or local_path install.
+    removed: bool = False
 
     @property
     def newest(self) -> Attempt | None:
@@ -271,6 +281,8 @@ class PackModel:
     def condition(self) -> Condition:
         if self.local is not None:
             return C.LOCAL
+        if self.removed:
+            return C.REMOVED
         newest = self.newest
         if newest is None:
             if self.legacy is None:
@@ -373,6 +385,8 @@ def closure(problems: list[tuple[str, str, str, str, str]]) -> Expect:
 def observed(exc: LedgerError) -> Expect:
     if isinstance(exc, Conflict):
         return CONFLICT
+    if isinstance(exc, InvalidInput):
+        return Expect("invalid", exc.details.get("field"))
     if not isinstance(exc, LifecycleRejected):
         return Expect("error", f"{exc.code}: {exc.message}")
     if exc.reason == "CLOSURE_INVALID":
@@ -392,7 +406,7 @@ def observed(exc: LedgerError) -> Expect:
 
 
 def install_rejection(condition: Condition) -> str | None:
-    if condition in (C.ABSENT, C.FIRST_FAILED_CLEAN, C.FIRST_FAILED_DIRTY):
+    if condition in (C.ABSENT, C.FIRST_FAILED_CLEAN, C.FIRST_FAILED_DIRTY, C.REMOVED):
         return None
     if condition in PREPARING:
         return "ATTEMPT_IN_PROGRESS"
@@ -442,7 +456,15 @@ def candidate_rejection(pack: PackModel, install_id: str) -> str | None:
 
 
 def local_rejection(condition: Condition) -> str | None:
-    return None if condition in (C.ABSENT, C.LEGACY_LOCAL, C.LOCAL) else "LOCAL_PATH_NOT_AUTHORITY"
+    allowed = (C.ABSENT, C.LEGACY_LOCAL, C.LOCAL, C.REMOVED)
+    return None if condition in allowed else "LOCAL_PATH_NOT_AUTHORITY"
+
+
+def remove_rejection(condition: Condition) -> str | None:
+    """R7 remove, as the next lease holder will judge it (nothing is preparing then)."""
+    if condition in REMOVABLE:
+        return None
+    return "LEGACY_NOT_ADOPTED" if condition in LEGACY else "NOT_INSTALLED"
 
 
 def legacy_rejection(pack: PackModel, facts: dict[str, Any]) -> str | None:
@@ -481,6 +503,20 @@ class Model:
                 from_install_id=pm.active.install_id if pm.active is not None else None,
             )
         )
+        pm.removed = False  # an install after a removal begins a fresh incarnation
+
+    def remove(self, pack: str) -> int | None:
+        """R7: the local_path record goes, or the pointer moves to none (epoch + 1) and the
+        active generation retires with no successor; returns the pointer's new epoch."""
+        pm = self.packs[pack]
+        pm.removed = True
+        if pm.local is not None:
+            pm.local = None
+            return None
+        assert pm.active is not None
+        pm.active.status, pm.active = S.RETIRED, None
+        pm.epoch += 1
+        return pm.epoch
 
     def activate(self, pack: str) -> int:
         pm = self.packs[pack]
@@ -530,6 +566,8 @@ class Model:
             return Auth("local")
         if pm.attempts:
             return Auth("absent")
+        if pm.removed:  # a removed local_path pack: nothing at all
+            return None
         if pm.legacy is not None:
             return Auth("local" if pm.legacy["source"]["kind"] == "local_path" else "legacy")
         return None
@@ -809,7 +847,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(data=st.data(), version=VERSION, step=THEN_STEP)
     def prepare_install(self, data: st.DataObject, version: int, step: str) -> None:
         w, handle, current = self.writer(data)
-        installable = self.packs_where(C.ABSENT, C.FIRST_FAILED_CLEAN, C.FIRST_FAILED_DIRTY)
+        installable = self.packs_where(
+            C.ABSENT, C.FIRST_FAILED_CLEAN, C.FIRST_FAILED_DIRTY, C.REMOVED
+        )
         pack = self.pick(data, installable, "pack")
         reason = install_rejection(self.model.packs[pack].condition())
         target = self.sources.official[(pack, version)]
@@ -933,6 +973,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
         if expect is OK:
             self.model.packs[pack].local = version
+            self.model.packs[pack].removed = False
 
     @rule(
         w=WRITER,
@@ -1025,6 +1066,35 @@ class LifecycleMachine(RuleBasedStateMachine):
         gone = data.draw(st.sampled_from(sorted(self.model.bindings)), label="revoked")
         self.release_to(w, [], set(self.model.bindings) - {gone}, publish, "revoke")
 
+    @rule(
+        w=WRITER,
+        data=st.data(),
+        entries=st.one_of(st.just([]), ENTRIES),
+        revoke=st.sampled_from([True, True, False]),
+        publish=st.booleans(),
+    )
+    def remove(
+        self,
+        w: str,
+        data: st.DataObject,
+        entries: list[tuple[str, tuple[str, int]]],
+        revoke: bool,
+        publish: bool,
+    ) -> None:
+        """R7: remove installed packs (often revoking their bindings in the same release),
+        sometimes together with other packs, sometimes naming a pack that is not installed
+        or also listed under ``packs``."""
+        preferred = [p for p, m in self.model.packs.items() if m.condition() in REMOVABLE]
+        gone = data.draw(
+            st.lists(
+                st.sampled_from([*preferred * 3, *PACKS]), min_size=1, max_size=2, unique=True
+            ),
+            label="remove",
+        )
+        packs = [(p, kind, v) for p, (kind, v) in entries]
+        desired = {i for i in self.model.bindings if i[2] not in gone} if revoke else None
+        self.release_to(w, packs, desired, publish, "remove", gone)
+
     def release_to(
         self,
         w: str,
@@ -1032,15 +1102,19 @@ class LifecycleMachine(RuleBasedStateMachine):
         desired: set[Ident] | None,
         publish: bool,
         verb: str,
+        remove: list[str] | None = None,
     ) -> None:
         """``apply``: judged by the model first, then run; on success the model follows."""
         m = self.model
-        expect, decisions, rows, changes, auths = self.judge_release(packs, desired, publish)
-        path = self.sources.write_manifest(packs, None if desired is None else sorted(desired))
+        gone = remove or []
+        expect, decisions, rows, changes, auths = self.judge_release(packs, desired, publish, gone)
+        path = self.sources.write_manifest(
+            packs, None if desired is None else sorted(desired), gone
+        )
         self.commands += 1
         cid = f"model-{self.commands}"
         shown = "keep" if desired is None else len(desired)
-        label = f"{verb} {w} packs={packs} bindings={shown} publish={publish}"
+        label = f"{verb} {w} packs={packs} remove={gone} bindings={shown} publish={publish}"
         out = self.run(
             label,
             expect,
@@ -1049,14 +1123,19 @@ class LifecycleMachine(RuleBasedStateMachine):
         if out is None:
             return
         assert out["noop"] is (expect is NOOP) and out["replayed"] is False
-        assert [p["decision"] for p in out["packs"]] == [decisions[p] for p, _, _ in packs]
+        removals = out["packs"][len(packs) :]
+        assert [p["decision"] for p in out["packs"]] == [
+            *(decisions[p] for p, _, _ in packs),
+            *("remove" for _ in gone),
+        ]
+        assert [p["pack"] for p in removals] == gone
         self.harness.stats.outcomes.update(f"decision {p['decision']}" for p in out["packs"])
         if expect is NOOP:
             return
         # The release happened: the model takes the lease, recovers, activates, re-binds.
         recovered = m.take_lease_and_recover(holder(w), self.now_us)
         assert sorted((r["pack"], r["install_id"]) for r in out["recovered"]) == sorted(recovered)
-        for entry, (pack, _kind, version) in zip(out["packs"], packs, strict=True):
+        for entry, (pack, _kind, version) in zip(out["packs"][: len(packs)], packs, strict=True):
             decision = decisions[pack]
             if decision in ("install", "advance"):
                 assert entry["install_id"] is not None
@@ -1067,6 +1146,12 @@ class LifecycleMachine(RuleBasedStateMachine):
                 assert entry["epoch"] == 1
             elif decision == "local_update":
                 m.packs[pack].local = version
+                m.packs[pack].removed = False
+        for entry in removals:
+            pm = m.packs[entry["pack"]]
+            retired = pm.active.install_id if pm.active is not None else None
+            assert entry["epoch"] == m.remove(entry["pack"]), "R7: epoch + 1"
+            assert entry["install_id"] == retired or entry["source_kind"] == "local_path"
         m.lease.release()
         auths = m.authorities(recovered=False)
         rows = {i: (auths[i[2]] or Auth("none")).install_id or "" for i in rows}
@@ -1083,7 +1168,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.applied.append((cid, path, publish, out))
 
     def judge_release(
-        self, packs: list[tuple[str, str, int]], desired: set[Ident] | None, publish: bool
+        self,
+        packs: list[tuple[str, str, int]],
+        desired: set[Ident] | None,
+        publish: bool,
+        remove: Sequence[str] = (),
     ) -> tuple[Expect, dict[str, str], dict[Ident, str], dict[str, int], dict[str, Auth | None]]:
         """The model's verdict on a release, before anything is written (R11, R16).
 
@@ -1097,6 +1186,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         decisions: dict[str, str] = {}
         rejections: list[tuple[str, str | None]] = []
         released: dict[str, Auth | None] = {}  # what this release makes of its own packs
+        named = {p for p, _, _ in packs}
+        for index, pack in enumerate(remove):  # R7: checked when the manifest is read
+            if pack in named:
+                return Expect("invalid", f"remove[{index}]"), decisions, {}, {}, {}
         for pack, kind, version in packs:
             pm = m.packs[pack].recovered()
             condition = pm.condition()
@@ -1122,7 +1215,15 @@ class LifecycleMachine(RuleBasedStateMachine):
             else:
                 decisions[pack] = "install"
                 rejections.append((pack, install_rejection(condition)))
-                released[pack] = Auth("official", f"<next {pack}>", 1, version)
+                epoch = pm.epoch + 1  # 1, or the next epoch after a removal (R7)
+                released[pack] = Auth("official", f"<next {pack}>", epoch, version)
+        for index, pack in enumerate(remove):
+            condition = m.packs[pack].recovered().condition()
+            reason = remove_rejection(condition)
+            if reason == "NOT_INSTALLED":  # R7: names no installed pack
+                return Expect("invalid", f"remove[{index}]"), decisions, {}, {}, {}
+            rejections.append((pack, reason))
+            released[pack] = None
         auths = {**m.authorities(recovered=False), **released}
         wanted = set(m.bindings) if desired is None else desired
         rows = {i: (auths[i[2]] or Auth("none")).install_id or "" for i in wanted}
@@ -1134,11 +1235,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         found = [(p, r) for p, r in rejections if r is not None]
         if found:
             return lifecycle(found), decisions, rows, changes, auths
+        if any(i[2] in remove for i in wanted):  # R7: still used after the release
+            return Expect("rejected", "PACK_IN_USE"), decisions, rows, changes, auths
         problems = m.problems(rows, auths)
         if problems and not self.only_blocking(problems, rows):
             return closure(problems), decisions, rows, changes, auths
         publishes = publish and not problems and m.signature(rows, auths) != m.published.signature
-        unchanged = all(d == "unchanged" for d in decisions.values())
+        unchanged = not remove and all(d == "unchanged" for d in decisions.values())
         if unchanged and not any(changes.values()) and not publishes:
             return NOOP, decisions, rows, changes, auths
         if not m.lease.free(self.now_us):
@@ -1217,7 +1320,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 self.harness.stats.conditions.add(condition)
                 self.check_generations(reader.get, pack, pm, state, where)
                 assert (state.legacy.facts() if state.legacy else None) == pm.legacy, where
-                local = state.local.payload_hash if state.local else None
+                live = state.local is not None and not state.local.removed
+                local = state.local.payload_hash if state.local and live else None
                 assert local == (self.sources.payload(pack, pm.local) if pm.local else None), where
             lease = reader.lease("writer")
             self.check_lease(lease)
@@ -1254,7 +1358,11 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert gen.from_install_id == a.from_install_id, f"{where}: R7 from"
         activation = state.activation
         if pm.active is None:
-            assert activation is None, where
+            if pm.epoch == 0:
+                assert activation is None, where
+            else:  # R7: removed, the pointer selects nothing and kept its epoch
+                assert activation is not None and activation.removed, where
+                assert activation.epoch == pm.epoch, f"{where}: R7 removal epoch"
             return
         assert activation is not None, where
         got = (

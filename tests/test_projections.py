@@ -100,7 +100,7 @@ def _mixed_history(world: World) -> None:
             for n, pack in enumerate(packs[:3]):
                 target = world.resolved(pack, commits[pack][(version + 1) % 5])
                 state = world.state(pack)
-                assert state.activation is not None
+                assert state.activation is not None and state.activation.revision is not None
                 (cand,) = world.service.prepare(
                     handle, [(target, Advance(target.target, state.activation.revision))]
                 ).values()
@@ -118,6 +118,11 @@ def _mixed_history(world: World) -> None:
         ),
         publish=False,
     )
+    # Credentials (R26): live, revoked and never-expiring ones.
+    world.service.credentials_issue("integration:a")
+    world.service.credentials_issue("app:Tenant-0", expires_in="never")
+    revoked = world.service.credentials_issue("app:tenant-0")["credential_id"]
+    world.service.credentials_revoke(revoked)
 
 
 def test_r20_rebuild_of_a_mixed_history_yields_byte_identical_rows(world: World) -> None:

@@ -51,10 +51,11 @@ def binary_to_text(world: World) -> None:
 
 
 def bump_schema_version(world: World) -> None:
+    """A version newer than this program knows (a later release's store)."""
     with world.db.write() as conn:
         conn.execute(
             sa.text("UPDATE ledger_meta SET value = :v WHERE name = :n"),
-            {"v": b"2", "n": b"schema_version"},
+            {"v": b"3", "n": b"schema_version"},
         )
 
 

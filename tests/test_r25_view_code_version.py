@@ -44,3 +44,37 @@ def test_r25_a_view_built_by_other_code_fails_reads_and_decisions_closed_until_r
     with TestClient(create_app(store.opener())) as client:
         assert client.get("/healthz").status_code == 200
     store.close()
+
+
+def test_r25_apply_and_serve_rebuild_stale_views_themselves_when_asked(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    bindings = push_closure("integration:a", "sales")
+    world.service.apply(
+        world.manifest([world.official("sales", world.commit("sales", 1))], bindings)
+    )
+    monkeypatch.setattr(CatalogView, "version", CatalogView.version + 1)
+    with Store(world.url) as store:
+        assert store.stale_views() == ["catalog"]
+    # serve --rebuild-stale rebuilds before it listens (the server itself is not run here).
+    served: list[list[str]] = []
+
+    def listen(*_: object, **__: object) -> None:
+        with Store(world.url) as s:
+            served.append(s.stale_views())
+
+    monkeypatch.setattr(uvicorn, "run", listen)
+    code, listening = cli_json("--db", world.url, "serve", "--port", "0", "--rebuild-stale")
+    assert code == 0 and served == [[]], listening
+    code, view = cli_json("--db", world.url, "view", "integration:a")
+    assert code == 0 and view["revision"] == 1
+    # apply --rebuild-stale on a view that is stale again goes on to publish.
+    monkeypatch.setattr(CatalogView, "version", CatalogView.version + 1)
+    manifest = world.manifest([world.official("sales", world.commit("sales", 2))], bindings)
+    assert cli_json("--db", world.url, "apply", str(manifest))[1]["error"] == "STALE"
+    code, applied = cli_json("--db", world.url, "apply", str(manifest), "--rebuild-stale")
+    assert code == 0 and applied["catalog"]["revision"] == 2, applied
+    with Store(world.url) as store:
+        assert store.stale_views() == []

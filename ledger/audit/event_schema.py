@@ -20,6 +20,9 @@ from domain.event_types import EVENT_TYPES, PRODUCT_TYPES, EventType
 def state_schema(t: EventType, version: int, *, v0: bool = False) -> dict[str, Any]:
     """The state of ``t`` at schema ``version``: exactly its fields, all required."""
     hints = typing.get_type_hints(t.cls)
+    for later, types in sorted(t.narrower_before.items()):
+        if later > version:  # a field that version ``later`` widened, as it was before
+            hints.update(types)
     fields: dict[str, Any] = {name: (hints[name], ...) for name in t.fields(version)}
     if v0 and t.creates:
         fields["originator_topic"] = (str, ...)  # format v0 only: a frozen Python path

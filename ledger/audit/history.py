@@ -9,14 +9,16 @@ from typing import Any, cast
 import orjson
 
 from domain.catalog import audience_digest
+from domain.credentials import rfc3339
 from domain.errors import IntegrityFailure, Missing
 from domain.event_types import (
+    AUDIENCE_TYPES,
     EVENT_TYPES,
     LIFECYCLE_TYPES,
     T_PREPARED,
 )
 from ledger.audit.replay import CATALOG_TYPES, CatalogReplay
-from ledger.audit.results import HistoryEvent, PastView
+from ledger.audit.results import AudienceHistoryEvent, HistoryEvent, PastView
 from ledger.store.runtime import Ledger
 
 # -- as-of questions from the log alone -----------------------------------------------------------
@@ -46,9 +48,12 @@ def history(ledger: Ledger, pack: str) -> list[HistoryEvent]:
                     "reason",
                     "from_install_id",
                     "successor_install_id",
+                    "incarnation",
                 )
                 if k in data
             }
+            if data.get("removed"):  # a retirement by removal (R7); shown only then, so
+                summary["removed"] = True  # the history of older stores reads unchanged
             if name == T_PREPARED:
                 summary["revision"] = data["source"].get("revision")
                 summary["payload_hash"] = data["payload_hash"]
@@ -61,6 +66,56 @@ def history(ledger: Ledger, pack: str) -> list[HistoryEvent]:
                 **summary,
             }
             out.append(cast(HistoryEvent, event))
+    return out
+
+
+#: Fields of binding and credential events ``history --audience`` copies as stored.
+_AUDIENCE_FIELDS = (
+    "pack",
+    "kind",
+    "key",
+    "credential_set",
+    "install_id",
+    "from_install_id",
+    "credential_id",
+)
+#: Credential times (microseconds in the log) shown as RFC 3339 UTC.
+_AUDIENCE_TIMES = {
+    "issued_at_us": "issued_at",
+    "expires_at_us": "expires_at",
+    "revoked_at_us": "revoked_at",
+}
+
+
+def audience_history(ledger: Ledger, audience: tuple[str, str]) -> list[AudienceHistoryEvent]:
+    """Every binding and credential event of ``audience``, in log order, from the log
+    alone. A credential's token digest is left out: it is nobody's business here."""
+    out: list[AudienceHistoryEvent] = []
+    kind, ident = audience
+    with ledger.db.read() as conn:
+        for position, _agg, _ver, topic, state, event_id, _chain in ledger.recorder.scan_full(conn):
+            stored = EVENT_TYPES.resolve(topic)
+            if stored.type.name not in AUDIENCE_TYPES:
+                continue
+            data = stored.upcast(orjson.loads(state))
+            if (data.get("audience_kind"), data.get("audience_id")) != (kind, ident):
+                continue
+            summary: dict[str, Any] = {k: data[k] for k in _AUDIENCE_FIELDS if k in data}
+            for stored_name, shown in _AUDIENCE_TIMES.items():
+                if stored_name in data:
+                    summary[shown] = rfc3339(data[stored_name])
+            out.append(
+                cast(
+                    AudienceHistoryEvent,
+                    {
+                        "position": position,
+                        "event": stored.type.name,
+                        "event_id": event_id.hex(),
+                        "timestamp": data.get("timestamp"),
+                        **summary,
+                    },
+                )
+            )
     return out
 
 

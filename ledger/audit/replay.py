@@ -19,9 +19,13 @@ from domain.event_types import (
     T_GRANTED,
     T_LEGACY,
     T_LOCAL_INSTALLED,
+    T_LOCAL_REINSTALLED,
+    T_LOCAL_REMOVED,
     T_PREPARED,
     T_PUBLISHED,
     T_REBOUND,
+    T_REINSTALLED,
+    T_REMOVED,
     T_RETIRED,
     T_REVOKED,
     T_STARTED,
@@ -46,7 +50,11 @@ CATALOG_TYPES = frozenset(
         T_FAILED,
         T_STARTED,
         T_ADVANCED,
+        T_REMOVED,
+        T_REINSTALLED,
         T_LOCAL_INSTALLED,
+        T_LOCAL_REMOVED,
+        T_LOCAL_REINSTALLED,
         T_LEGACY,
         T_GRANTED,
         T_REBOUND,
@@ -87,7 +95,7 @@ class CatalogReplay:
                 self.newest[d["pack"]] = (d["install_id"], status)
             if status != "active":
                 self.components.pop((d["pack"], d["install_id"]), None)
-        elif topic in (T_STARTED, T_ADVANCED):
+        elif topic in (T_STARTED, T_ADVANCED, T_REINSTALLED):
             self.activations[d["pack"]] = [
                 d["pack"],
                 d["install_id"],
@@ -95,8 +103,13 @@ class CatalogReplay:
                 d["epoch"],
                 d["payload_hash"],
             ]
-        elif topic == T_LOCAL_INSTALLED:
+        elif topic == T_REMOVED:  # R7: nothing of the pack is authority any more
+            self.activations.pop(d["pack"], None)
+            self.kinds.pop(d["pack"], None)
+        elif topic in (T_LOCAL_INSTALLED, T_LOCAL_REINSTALLED):
             self.kinds[d["pack"]] = "local_path"
+        elif topic == T_LOCAL_REMOVED:
+            self.kinds.pop(d["pack"], None)
         elif topic == T_LEGACY:
             self.kinds.setdefault(d["pack"], "legacy")
         elif topic in (T_GRANTED, T_REBOUND, T_REVOKED):

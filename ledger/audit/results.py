@@ -62,13 +62,41 @@ class HistoryEvent(TypedDict):
     dirty: NotRequired[bool]
     reason: NotRequired[str]
     from_install_id: NotRequired[str | None]
-    successor_install_id: NotRequired[str]
+    #: Null on a retirement by removal (R7), which says ``removed: true``.
+    successor_install_id: NotRequired[str | None]
+    removed: NotRequired[bool]
+    incarnation: NotRequired[int]  # a re-installed local_path pack
     payload_hash: NotRequired[str]
 
 
 class HistoryResult(TypedDict):
     pack: str
     events: list[HistoryEvent]
+
+
+class AudienceHistoryEvent(TypedDict):
+    """One event about an audience (``history --audience``): its bindings and its
+    credentials (R26), summarized; a credential's token digest is never shown."""
+
+    position: int
+    event: str  # the type name, e.g. credential.issued
+    event_id: str
+    timestamp: str | None
+    pack: NotRequired[str]
+    kind: NotRequired[str]
+    key: NotRequired[str]
+    credential_set: NotRequired[str | None]
+    install_id: NotRequired[str | None]
+    from_install_id: NotRequired[str]
+    credential_id: NotRequired[str]
+    issued_at: NotRequired[str]
+    expires_at: NotRequired[str | None]
+    revoked_at: NotRequired[str]
+
+
+class AudienceHistoryResult(TypedDict):
+    audience: str
+    events: list[AudienceHistoryEvent]
 
 
 class PastGrant(TypedDict):

@@ -6,12 +6,14 @@
 
 from __future__ import annotations
 
-from ledger.cli import audit, lease, projections, read, store, write
+from ledger.cli import audit, backup, credentials, lease, projections, read, store, write
 from ledger.cli.app import cli, dump_json, main, run
 
 __all__ = [
     "audit",
+    "backup",
     "cli",
+    "credentials",
     "dump_json",
     "lease",
     "main",

@@ -1,12 +1,13 @@
 """The ``catalog-ledger`` command line.
 
-Conventions (DESIGN "CLI conventions"): ``--db`` is global and comes before
-the command; every command takes ``--json`` after its name and then prints
-exactly one JSON document on stdout, result or error. Exit codes: 0 ok,
-1 store unavailable or internal error, 2 usage, 3 invalid input, 4 conflict,
-5 fail-closed authority, 6 integrity. ``main`` is the only entry point and it
-turns every failure into one of those codes; no traceback reaches a user
-unless ``CATALOG_LEDGER_DEBUG=1`` asks for it.
+Conventions (DESIGN "CLI conventions"): ``--db``, ``--log-format`` and
+``--log-level`` are global and come before the command (logs go to stderr
+only, see ``ledger.observability``); every command takes ``--json`` after
+its name and then prints exactly one JSON document on stdout, result or
+error. Exit codes: 0 ok, 1 store unavailable or internal error, 2 usage,
+3 invalid input, 4 conflict, 5 fail-closed authority, 6 integrity. ``main``
+is the only entry point and it turns every failure into one of those codes;
+no traceback reaches a user unless ``CATALOG_LEDGER_DEBUG=1`` asks for it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import orjson
 
 from domain.errors import LedgerError, UsageError
 from ledger.api import Store
+from ledger.observability import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, configure, reset
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -83,6 +85,16 @@ def emit(as_json: bool, document: Any, human: Callable[[], None]) -> None:
         human()
 
 
+#: ``ctx.meta`` key of this invocation's ``(log format, log level)``.
+LOG_SETTINGS = "catalog_ledger.log"
+
+
+def log_settings() -> tuple[str, str]:
+    """The ``--log-format`` and ``--log-level`` of this invocation."""
+    found: tuple[str, str] = click.get_current_context().meta[LOG_SETTINGS]
+    return found
+
+
 def store() -> Store:
     """The store of this invocation (``--db``), opened on first use."""
     obj = click.get_current_context().find_object(Store)
@@ -99,10 +111,30 @@ def store() -> Store:
     help="Store URL (default: $CATALOG_LEDGER_DB or sqlite:///catalog.db). "
     "Examples: sqlite:///catalog.db, mysql+pymysql://root@127.0.0.1:3306/test",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(FORMATS, case_sensitive=False),
+    default="text",
+    show_default=True,
+    envvar=FORMAT_ENV,
+    show_envvar=True,
+    help="Structured logs on stderr: one JSON object per line, or text.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LEVELS, case_sensitive=False),
+    default="warning",
+    show_default=True,
+    envvar=LEVEL_ENV,
+    show_envvar=True,
+    help="Least severe log record written (info: every apply phase with its duration).",
+)
 @click.version_option(package_name="catalog-ledger")
 @click.pass_context
-def cli(ctx: click.Context, db_url: str | None) -> None:
+def cli(ctx: click.Context, db_url: str | None, log_format: str, log_level: str) -> None:
     """Catalog Ledger: an event-sourced catalog publication store."""
+    configure(log_format.lower(), log_level.lower())
+    ctx.meta[LOG_SETTINGS] = (log_format.lower(), log_level.lower())
     ctx.obj = Store(db_url)
     ctx.call_on_close(ctx.obj.close)
 
@@ -148,7 +180,13 @@ def _reader_went_away() -> int:
 
 def run(argv: Sequence[str]) -> int:
     """Run the CLI with ``argv`` and return the exit code (never raises)."""
-    args = list(argv)
+    try:
+        return _run(list(argv))
+    finally:
+        reset()  # in-process callers (tests) never accumulate handlers
+
+
+def _run(args: list[str]) -> int:
     as_json = "--json" in args
     try:
         result = cli.main(args=args, prog_name="catalog-ledger", standalone_mode=False)

@@ -156,10 +156,33 @@ def audit_verify(
 
 
 @cli.command()
-@click.option("--pack", required=True, help="Pack name (exact bytes).")
+@click.option("--pack", default=None, help="Pack name (exact bytes).")
+@click.option(
+    "--audience",
+    default=None,
+    help="An audience (app:<id> or integration:<id>): its bindings and credentials.",
+)
 @json_option
-def history(pack: str, as_json: bool) -> None:
-    """Every lifecycle event of a pack, read from the log alone."""
+def history(pack: str | None, audience: str | None, as_json: bool) -> None:
+    """Every lifecycle event of a pack (--pack), or every binding and credential event
+    of an audience (--audience), read from the log alone."""
+    if (pack is None) == (audience is None):
+        raise UsageError("give --pack PACK or --audience AUDIENCE (exactly one)")
+    if audience is not None:
+        found = store().history(audience=audience)
+
+        def human_audience() -> None:
+            for e in found["events"]:
+                extra = " ".join(
+                    f"{k}={e[k]}"
+                    for k in ("credential_id", "pack", "kind", "key", "install_id", "expires_at")
+                    if e.get(k) is not None
+                )
+                click.echo(f"{e['position']:>8}  {e['event']:<26} {extra}")
+
+        emit(as_json, found, human_audience)
+        return
+    assert pack is not None
     document = store().history(str(PackName(pack, field="--pack")))
     events = document["events"]
 
@@ -191,7 +214,7 @@ def export(jsonl: bool, out: Path | None, as_json: bool) -> None:
             raise UsageError("--json prints a summary document: give --out FILE for the events")
         store().export(sys.stdout)
         return
-    _ = store().ledger  # a missing store fails before the output file is created
+    _ = store().audit_ledger  # a missing store fails before the output file is created
     partial = out.with_name(f".{out.name}.partial")
     try:
         with partial.open("w", encoding="utf-8") as handle:

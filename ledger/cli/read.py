@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import ssl
+import tempfile
+from pathlib import Path
+from typing import Any
+
 import click
 import orjson
 
-from ledger.cli.app import cli, emit, json_option, store
+from domain.errors import UsageError
+from ledger.cli.app import cli, emit, json_option, log_settings, store
+from ledger.http.metrics import MULTIPROC_ENV
+from ledger.observability import FORMAT_ENV, LEVEL_ENV, LEVELS, configure
+
+#: Where ``serve --workers N`` tells its workers the store URL (``ledger.log.db.ENV_VAR``).
+DB_ENV = "CATALOG_LEDGER_DB"
+
+
+def is_loopback(host: str) -> bool:
+    """``--no-auth`` may listen only here: 127.0.0.0/8, ::1 or the name localhost."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv4Address):
+        return address in ipaddress.IPv4Network("127.0.0.0/8")
+    return address == ipaddress.IPv6Address("::1")
 
 
 @cli.command()
@@ -56,19 +82,150 @@ def view(audience: str, min_revision: str | None, at_revision: str | None, as_js
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(min=0, max=65535), default=8080, show_default=True)
 @click.option(
-    "--log-level",
-    type=click.Choice(["critical", "error", "warning", "info"]),
-    default="warning",
+    "--workers",
+    type=click.IntRange(min=1, max=64),
+    default=1,
     show_default=True,
+    help="Worker processes; /metrics then sums every worker's request counts "
+    "(prometheus-client multiprocess mode).",
+)
+@click.option(
+    "--log-level",
+    "serve_log_level",
+    type=click.Choice(LEVELS),
+    default=None,
+    help="Log level of the server (default: the global --log-level).",
+)
+@click.option(
+    "--rebuild-stale",
+    is_flag=True,
+    help="Rebuild every view built by other view code than this program's before "
+    "serving (otherwise such a view is not served and /healthz is 503, R25).",
+)
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Development only: serve every audience without a credential. Refused unless "
+    "--host is loopback (127.0.0.0/8, ::1 or localhost).",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Serve HTTPS with this certificate (PEM; with --tls-key).",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The private key of --tls-cert (PEM).",
+)
+@click.option(
+    "--tls-client-ca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Accept client certificates signed by this CA (PEM) as credentials: SAN URI "
+    "catalog-ledger:audience:<kind>:<id>, the id percent-encoded.",
 )
 @json_option
-def serve(host: str, port: int, log_level: str, as_json: bool) -> None:
-    """Serve audience views over HTTP (read only): /v1/audiences/{kind}/{id}/view."""
+def serve(
+    host: str,
+    port: int,
+    workers: int,
+    serve_log_level: str | None,
+    rebuild_stale: bool,
+    no_auth: bool,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_client_ca: Path | None,
+    as_json: bool,
+) -> None:
+    """Serve audience views over HTTP or HTTPS (read only): /v1/audiences/{kind}/{id}/view,
+    /v1/catalog/head, /healthz and /metrics (Prometheus). Runtime reads need
+    `Authorization: Bearer TOKEN` of a credential (`credentials issue`) or, with
+    --tls-client-ca, a client certificate naming the audience (R26)."""
     import uvicorn
 
-    from ledger.http.app import create_app
+    from ledger.http.app import NO_AUTH_ENV, create_app
+    from ledger.http.tls import TlsH11Protocol, server_context
 
+    if no_auth and not is_loopback(host):
+        raise UsageError(
+            f"--no-auth serves every audience to anyone who can connect: refused on --host "
+            f"{host!r}; use a loopback address (127.0.0.0/8, ::1, localhost) or drop --no-auth"
+        )
+    if (tls_cert is None) != (tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if tls_client_ca is not None and tls_cert is None:
+        raise UsageError("--tls-client-ca needs --tls-cert and --tls-key (HTTPS)")
+    tls: dict[str, Any] = {}
+    if tls_cert is not None and tls_key is not None:
+        server_context(tls_cert, tls_key, tls_client_ca)  # INVALID naming the file, now
+        tls = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
+        if tls_client_ca is not None:
+            # Optional: token-only clients keep working; a certificate that is sent is
+            # verified by the handshake, and handed to the app by TlsH11Protocol.
+            tls |= {
+                "ssl_ca_certs": str(tls_client_ca),
+                "ssl_cert_reqs": ssl.CERT_OPTIONAL,
+                "http": TlsH11Protocol,
+            }
+
+    log_format, log_level = log_settings()
+    if serve_log_level is not None:
+        log_level = serve_log_level
+        configure(log_format, log_level)
     _ = store().ledger  # fail now, with a typed error, if the store is unusable
-    listening = {"url": f"http://{host}:{port}", "db": store().db.display_url}
+    if not no_auth:
+        store().credentials_list()  # ... or if no credential could be checked (R26)
+    if rebuild_stale:
+        store().rebuild_stale()
+    auth = "bearer+client-certificate" if tls_client_ca is not None else "bearer"
+    if no_auth:
+        auth = "none"
+    listening = {
+        "url": f"{'https' if tls else 'http'}://{host}:{port}",
+        "db": store().db.display_url,
+        "auth": auth,
+    }
     emit(as_json, listening, lambda: click.echo(f"serving {listening['db']} on {listening['url']}"))
-    uvicorn.run(create_app(store().opener()), host=host, port=port, log_level=log_level)
+    # log_config=None: uvicorn's loggers go through this invocation's handler (stderr).
+    if workers == 1:
+        uvicorn.run(
+            create_app(store().opener(), auth=not no_auth),
+            host=host,
+            port=port,
+            log_level=log_level,
+            log_config=None,
+            **tls,
+        )
+        return
+    # Several workers: uvicorn imports the app in each of them, configured through the
+    # environment; their request metrics meet in a folder of their own, removed after.
+    with tempfile.TemporaryDirectory(prefix="catalog-ledger-metrics-") as folder:
+        settings = {
+            DB_ENV: store().db.url,
+            MULTIPROC_ENV: folder,
+            FORMAT_ENV: log_format,
+            LEVEL_ENV: log_level,
+            NO_AUTH_ENV: "1" if no_auth else "0",
+        }
+        saved = {name: os.environ.get(name) for name in settings}
+        os.environ.update(settings)
+        try:
+            uvicorn.run(
+                "ledger.http.app:app_from_environment",
+                factory=True,
+                workers=workers,
+                host=host,
+                port=port,
+                log_level=log_level,
+                log_config=None,
+                **tls,
+            )
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

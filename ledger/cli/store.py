@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from domain.errors import UsageError
-from ledger.api import ddl
+from ledger.api import ddl, doctor_exit_code
 from ledger.cli.app import cli, dump_json, emit, json_option, store
 
 
@@ -31,7 +31,8 @@ def init(as_json: bool) -> None:
 @click.option("--repair", is_flag=True, help="Restore the safe differences (missing indexes).")
 @json_option
 def doctor(repair: bool, as_json: bool) -> int:
-    """Compare the live schema with the declared one; exit 6 on an unsafe difference."""
+    """Compare the live schema with the declared one; exit 6 on an unsafe difference,
+    5 when only a migration is pending (`catalog-ledger migrate`)."""
     report = store().doctor(repair=repair)
 
     def human() -> None:
@@ -41,7 +42,26 @@ def doctor(repair: bool, as_json: bool) -> int:
         click.echo("ok" if report["ok"] else "the store differs unsafely from the declared schema")
 
     emit(as_json, report, human)
-    return 0 if report["ok"] else 6
+    return doctor_exit_code(report)
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="List the pending steps; change nothing.")
+@json_option
+def migrate(dry_run: bool, as_json: bool) -> None:
+    """Run the numbered schema migrations (under the migration lock); never downgrades."""
+    result = store().migrate(dry_run=dry_run)
+
+    def human() -> None:
+        verb = "would apply" if dry_run else "applied"
+        if not result["applied"]:
+            click.echo(f"schema version {result['to']}: up to date")
+        for step in result["applied"]:
+            click.echo(f"{verb} step {step['version']}: {step['summary']}")
+        if result["applied"] and not dry_run:
+            click.echo(f"schema version {result['from']} -> {result['to']}")
+
+    emit(as_json, result, human)
 
 
 @cli.command()

@@ -28,16 +28,23 @@ from ledger.cli.app import cli, emit, json_option, store
 @click.option(
     "--lease-ttl",
     type=click.FloatRange(min=0.1),
-    default=300.0,
+    default=30.0,
     show_default=True,
-    help="Seconds the writer lease lasts: if this process dies holding it, the next "
-    "writer waits this long before recovering its work (R12).",
+    help="Seconds the writer lease lasts unless renewed (it is renewed every third of it "
+    "while the release runs): if this process dies holding it, the next writer waits "
+    "at most this long (or `lease break` frees it at once) (R12).",
 )
 @click.option(
     "--publish/--no-publish",
     default=True,
     show_default=True,
     help="Publish the catalog revision in the same append (validated either way).",
+)
+@click.option(
+    "--rebuild-stale",
+    is_flag=True,
+    help="Rebuild every view built by other view code than this program's first "
+    "(otherwise the release is refused before any append, R25).",
 )
 @json_option
 def apply(
@@ -46,11 +53,17 @@ def apply(
     wait: float,
     lease_ttl: float,
     publish: bool,
+    rebuild_stale: bool,
     as_json: bool,
 ) -> None:
     """Converge the store to a release manifest (packs, then bindings and publication)."""
     result = store().apply(
-        manifest, command_id=command_id, publish=publish, wait=wait, lease_ttl=lease_ttl
+        manifest,
+        command_id=command_id,
+        publish=publish,
+        wait=wait,
+        lease_ttl=lease_ttl,
+        rebuild_stale=rebuild_stale,
     )
 
     def human() -> None:

@@ -1,7 +1,7 @@
 """``apply``: converge the store to a release manifest (packs, bindings, one revision).
 
 1. resolve every pack of the manifest and read its state in one snapshot;
-2. decide (install, adopt, advance, local update, unchanged) and reject,
+2. decide (install, adopt, advance, local update, unchanged, remove) and reject,
    naming every pack and reason, before any append;
 3. under the writer lease: recover abandoned attempts, prepare candidates,
    then activate every candidate, re-bind and publish in one final append (R8).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, cast
 from uuid import UUID
@@ -22,12 +22,20 @@ from eventsourcing.domain import Aggregate
 from domain.catalog import catalog_id
 from domain.classifier import PackState
 from domain.coordination import CommandRecord
-from domain.errors import LedgerError
+from domain.errors import Conflict, LedgerError, Unavailable
 from domain.identity import PackName
 from domain.lifecycle import install_id_for
 from domain.manifest import BindingSpec, Manifest
-from domain.matrix import Command, Decision, after_recovery, decide
-from ledger.commands.core import WRITER_LEASE, LeaseHandle
+from domain.matrix import (
+    Command,
+    Decision,
+    Remove,
+    after_recovery,
+    decide,
+    decide_removal,
+    rejection,
+)
+from ledger.commands.core import WRITER_LEASE, LeaseHandle, LeaseLost
 from ledger.commands.leases import LeaseBusy
 from ledger.commands.publishing import (
     CatalogSnapshot,
@@ -36,6 +44,7 @@ from ledger.commands.publishing import (
     catalog_outcome,
     fence_ids,
     positioned_catalog,
+    publication_summary,
     read_snapshot,
 )
 from ledger.commands.results import (
@@ -47,12 +56,14 @@ from ledger.commands.results import (
 )
 from ledger.commands.sources import ResolvedPack, resolve_manifest
 from ledger.commands.steps import LifecycleSteps
+from ledger.observability import bind, get_logger, logged_command, phase, phased
 from projections.queries import preparing_generations
 from publisher.catalog import CatalogInput, PackAuthority
 from publisher.planning import (
     BindingChange,
     PublishPlan,
     check_binding_credentials,
+    check_removals,
     content_authority,
     plan_bindings,
     plan_publication,
@@ -68,6 +79,8 @@ class Release:
     fence_ids: list[UUID]
     noop: bool
     authorities: dict[str, PackAuthority]
+    #: What the release's removals retire (R7), in ``remove`` order.
+    removed: list[PackOutcome] = field(default_factory=list)
 
 
 def _after_recovery(catalog: CatalogSnapshot, abandoned: set[str]) -> CatalogSnapshot:
@@ -75,6 +88,19 @@ def _after_recovery(catalog: CatalogSnapshot, abandoned: set[str]) -> CatalogSna
     their newest attempt is failed_dirty, which blocks publication (R12)."""
     packs = {p: replace(a, dirty=True) if p in abandoned else a for p, a in catalog.packs.items()}
     return replace(catalog, packs=packs)
+
+
+def lost_race(error: LedgerError) -> bool:
+    """Whether ``error`` is a lost race that re-reading and deciding again can win: a
+    conflict (a concurrent append, a certification failure, a busy lease), or a failure
+    the server asks to retry (a lock wait timeout). A command id already used for another
+    request (R10) is not: no retry changes what was recorded. Nor is a lost writer
+    lease: the release stops and names the new holder (R12)."""
+    if isinstance(error, LeaseLost):
+        return False
+    if isinstance(error, Conflict):
+        return error.details.get("rule") != "R10"
+    return isinstance(error, Unavailable) and error.details.get("retryable") is True
 
 
 @dataclass(frozen=True)
@@ -86,9 +112,13 @@ class _Decided:
     busy: LedgerError | None
 
 
+log = get_logger("apply")
+
+
 class ApplyCommand(LifecycleSteps, PublishCommand):
     """The ``apply`` command."""
 
+    @logged_command(log, "apply", publication_summary)
     def apply(
         self, manifest_path: Path, *, command_id: str | None = None, publish: bool = True
     ) -> ApplyResult:
@@ -100,9 +130,13 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         writer lease: prepare candidates, and one final append activating them,
         converging bindings and publishing the revision (R8, R16). With
         ``publish=False`` the release is validated the same way but the revision
-        is left to a later ``publish``.
+        is left to a later ``publish``. Each phase is logged with its duration and
+        the command id: resolve, preflight, lease, recover, prepare, final_append
+        (and views, for each append).
         """
-        manifest, resolved = resolve_manifest(manifest_path)
+        with phase("resolve") as resolving:
+            manifest, resolved = resolve_manifest(manifest_path)
+            resolving["packs"] = len(resolved)
         request = {
             "kind": "apply",
             "packs": [
@@ -120,9 +154,12 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             else [list(b.sort_key()) for b in manifest.bindings],
             "publish": publish,
         }
-        request_digest = self.request_digest(request)
+        # "remove" only when there is one: releases without it keep their digests (R10).
+        removal = {"remove": list(manifest.remove)} if manifest.remove else {}
+        request_digest = self.request_digest({**request, **removal})
         deadline = time.monotonic() + self.lease_wait
         pause = 0.05
+        lost = 0
         while True:
             # Decide from one snapshot; a busy lease means another writer may be doing
             # this very release, so wait for it to end and decide again rather than
@@ -139,6 +176,22 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
                         )
                 except LeaseBusy as exc:  # lost the race to take it
                     busy: LedgerError = exc
+                except (Conflict, Unavailable) as exc:
+                    if not lost_race(exc):
+                        raise
+                    # Lost a race for the log (a concurrent append moved what we read, a
+                    # Galera certification failure): nothing of ours is in it, so re-read
+                    # and decide again within the --wait budget, then CONFLICT (R11).
+                    lost += 1
+                    if time.monotonic() >= deadline:
+                        if isinstance(exc, Conflict):
+                            raise Conflict(
+                                f"lost the race for the log {lost} time(s) within the "
+                                f"--wait budget ({self.lease_wait:g} s): {exc.message}",
+                                **{**exc.details, "attempts": lost},
+                            ) from exc
+                        raise
+                    busy = exc
             else:
                 busy = decided.busy
             if time.monotonic() >= deadline:
@@ -148,6 +201,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
 
+    @phased("preflight")
     def _decide(
         self,
         manifest: Manifest,
@@ -159,18 +213,16 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         """The preflight: a final result (exact retry, nothing to do) or what to run."""
         with self.ledger.snapshot() as reader:
             cid = self._command_id(command_id, "apply", request_digest, reader)
+            bind(command_id=cid)
             prior = self.recorded(reader, cid, "apply", request_digest)
             if prior is not None:
                 return cast(ApplyResult, {**prior, "replayed": True})
-            states = {
-                PackName.trusted(r.name): reader.pack_state(PackName.trusted(r.name))
-                for r in resolved
-            }
+            states = {p: reader.pack_state(p) for p in _names(resolved, manifest)}
             catalog = read_snapshot(self.ledger, reader.conn)
             lease = reader.lease(WRITER_LEASE)
             abandoned = {pack for pack, _ in preparing_generations(reader.conn)}
         recovered_states = {p: after_recovery(s) for p, s in states.items()}
-        plan = self._plan(resolved, recovered_states)
+        plan = self._plan(resolved, recovered_states, manifest)
         preview = self._release(
             resolved,
             plan,
@@ -221,14 +273,15 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             states = {p: reader.pack_state(p) for p in decided.states}
         if prior is not None:  # an identical copy finished between our read and our lease
             return cast(ApplyResult, {**prior, "replayed": True})
-        plan = self._plan(resolved, states)
+        plan = self._plan(resolved, states, manifest)
         to_prepare = [
             (r, cmd)
             for r in resolved
             for decision, cmd in [plan[r.name]]
             if cmd is not None and decision in (Decision.INSTALL, Decision.ADVANCE)
         ]
-        candidates = self.prepare(handle, to_prepare) if to_prepare else {}
+        with phase("prepare", packs=len(to_prepare)):
+            candidates = self.prepare(handle, to_prepare) if to_prepare else {}
         try:
             return self._finish(
                 handle,
@@ -244,6 +297,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             self._abandon(handle, candidates, exc)
             raise
 
+    @phased("final_append")
     def _finish(
         self,
         handle: LeaseHandle,
@@ -258,10 +312,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
     ) -> ApplyResult:
         """The final append of a release: activations + bindings + revision + record."""
         with self.ledger.snapshot() as reader:
-            states = {
-                PackName.trusted(r.name): reader.pack_state(PackName.trusted(r.name))
-                for r in resolved
-            }
+            states = {p: reader.pack_state(p) for p in _names(resolved, None, plan)}
             catalog = read_snapshot(self.ledger, reader.conn)
             release = self._release(
                 resolved, plan, states, catalog, desired, candidates=candidates, publish=publish
@@ -285,6 +336,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             candidates,
             adoptions=[r for r in resolved if plan[r.name][0] is Decision.ADOPT],
             local_updates=[r for r in resolved if plan[r.name][0] is Decision.LOCAL_UPDATE],
+            removals=_removals(plan),
             record=record,
             extra=extra,
             fence=versions,
@@ -326,6 +378,11 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
                 )
             elif decision is Decision.LOCAL_UPDATE:
                 packs[r.name] = PackAuthority(pack=r.name, source_kind="local_path")
+        removals = _removals(plan)
+        removed = [_removal_outcome(states[p]) for p in removals]
+        for pack in removals:  # R7: nothing of a removed pack is served after the release
+            packs.pop(pack, None)
+        check_removals(catalog.bindings, desired, {p: i for i, p in enumerate(removals)})
         check_binding_credentials(desired, packs)
         rows, changes = plan_bindings(catalog.bindings, desired, packs)
         # A pack left failed_dirty by an abandoned attempt blocks publication (R12),
@@ -347,17 +404,21 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             | {c.row.audience for c in changes}
             | set(catalog.parent.audiences)
         )
-        unchanged = all(plan[r.name][0] is Decision.UNCHANGED for r in resolved)
+        unchanged = all(decision is Decision.UNCHANGED for decision, _ in plan.values())
         return Release(
             changes=changes,
             publication=publication,
             fence_ids=fence_ids(catalog, used, audiences),
             noop=unchanged and not changes and not publication.changed,
             authorities=packs,
+            removed=removed,
         )
 
     def _plan(
-        self, resolved: Sequence[ResolvedPack], states: Mapping[PackName, PackState]
+        self,
+        resolved: Sequence[ResolvedPack],
+        states: Mapping[PackName, PackState],
+        manifest: Manifest,
     ) -> dict[str, tuple[Decision, Command | None]]:
         plan: dict[str, tuple[Decision, Command | None]] = {}
         commands: dict[PackName, Command] = {}
@@ -367,6 +428,9 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             plan[r.name] = (decision, command)
             if command is not None:
                 commands[pack] = command
+        for index, pack in enumerate(manifest.remove):  # after packs: R7, `remove[i]`
+            plan[pack] = removal = decide_removal(states[pack], index, file=manifest.file)
+            commands[pack] = removal[1]
         self._check(commands, states)
         return plan
 
@@ -413,6 +477,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
                     "epoch": epoch,
                 }
             )
+        packs.extend(release.removed)
         bindings: BindingChanges = {"granted": [], "rebound": [], "revoked": []}
         names: dict[str, Literal["granted", "rebound", "revoked"]] = {
             "grant": "granted",
@@ -430,3 +495,47 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             "catalog": catalog_outcome(release.publication),
             "recovered": recovered,
         }
+
+
+def _names(
+    resolved: Sequence[ResolvedPack],
+    manifest: Manifest | None,
+    plan: Mapping[str, tuple[Decision, Command | None]] | None = None,
+) -> list[PackName]:
+    """Every pack a release reads the state of: its packs, then its removals."""
+    removals = list(manifest.remove) if manifest is not None else _removals(plan or {})
+    return [PackName.trusted(r.name) for r in resolved] + removals
+
+
+def _removals(plan: Mapping[str, tuple[Decision, Command | None]]) -> list[PackName]:
+    return [PackName.trusted(p) for p, (d, _) in plan.items() if d is Decision.REMOVE]
+
+
+def _removal_outcome(state: PackState) -> PackOutcome:
+    """What removing ``state``'s pack retires: its active generation (the pointer moves
+    to none with epoch + 1) or its local_path record (R7)."""
+    problem = rejection(Remove(), state)
+    if problem is not None:  # the state moved since the plan: the matrix names why
+        raise problem.error(state.pack)
+    if state.local is not None and not state.local.removed:
+        local = state.local
+        return {
+            "pack": state.pack,
+            "decision": Decision.REMOVE.value,
+            "source_kind": "local_path",
+            "revision": None,
+            "payload_hash": local.payload_hash,
+            "install_id": local.install_id,
+            "epoch": None,
+        }
+    activation = state.activation
+    assert activation is not None and activation.payload_hash is not None
+    return {
+        "pack": state.pack,
+        "decision": Decision.REMOVE.value,
+        "source_kind": "official_repo",
+        "revision": activation.revision,
+        "payload_hash": activation.payload_hash,
+        "install_id": activation.install_id,
+        "epoch": activation.epoch + 1,
+    }

@@ -15,8 +15,8 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate
@@ -24,16 +24,37 @@ from sqlalchemy.engine import Connection
 
 from domain.canonical import canonical_bytes
 from domain.classifier import PackState
-from domain.coordination import lease_id
+from domain.coordination import Lease, lease_id
 from domain.digests import Purpose, digest, lp
 from domain.errors import Conflict, LifecycleRejected
 from domain.identity import CommandId, PackName
 from domain.lifecycle import MAX_EPOCH
 from domain.matrix import Command, Rejection, rejection
 from ledger.commands.results import CommandResult, RecoveredAttempt
+from ledger.log import lease_rows
 from ledger.store.runtime import Ledger, LogReader
 
 WRITER_LEASE = "writer"
+#: Default writer lease TTL, seconds; a held lease is renewed every third of it.
+DEFAULT_LEASE_TTL = 30.0
+
+
+def renewed_until(lease: Lease, row: lease_rows.LeaseRow | None) -> int | None:
+    """The expiry a renewal of the lease's current epoch recorded, if any."""
+    if row is None or lease.released or row.epoch != lease.epoch or row.holder != lease.holder:
+        return None
+    return row.expires_at_us
+
+
+class LeaseLost(Conflict):
+    """The writer lease ended under its holder (expired and taken over, or broken):
+    the work stopped before its final append (exit 4, naming the new holder)."""
+
+
+class Keeper(Protocol):
+    """What a held lease's background renewal offers the work it protects."""
+
+    def check(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -46,6 +67,8 @@ class LeaseHandle:
     version: int
     #: Abandoned attempts this holder turned into ``failed_dirty`` on acquisition.
     recovered: tuple[RecoveredAttempt, ...] = ()
+    #: The background renewal of this lease, when held by ``leased()``.
+    keeper: Keeper | None = field(default=None, compare=False, repr=False)
 
     @property
     def fence(self) -> dict[UUID, int]:
@@ -73,20 +96,57 @@ class ServiceCore:
         ledger: Ledger,
         *,
         holder: str | None = None,
-        lease_ttl: float = 300.0,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
         lease_wait: float = 30.0,
+        renew_every: float | None = None,
         max_epoch: int = MAX_EPOCH,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = ledger
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.lease_ttl_us = int(lease_ttl * 1_000_000)
+        #: Renew a held lease this often (default: a third of the TTL, 10 s of 30 s).
+        self.renew_every = lease_ttl / 3 if renew_every is None else renew_every
         self.lease_wait = lease_wait
         self.max_epoch = max_epoch
         self.clock = clock
 
     def _now_us(self) -> int:
         return int(self.clock() * 1_000_000)
+
+    # -- the lease as the log and its coordination row have it ----------------------------
+
+    def _read_lease(self, name: str = WRITER_LEASE) -> tuple[Lease | None, int | None]:
+        with self.ledger.snapshot() as reader:
+            lease = reader.lease(name)
+            row = lease_rows.read(reader.conn, name)
+        return lease, (renewed_until(lease, row) if lease is not None else None)
+
+    def lost(self, handle: LeaseHandle, *, fenced: bool = False) -> LeaseLost:
+        """The loss of ``handle``'s lease, naming who holds it now."""
+        lease, _ = self._read_lease(handle.name)
+        holder = None if lease is None or lease.released else lease.holder
+        epoch = 0 if lease is None else lease.epoch
+        return LeaseLost(
+            f"the writer lease was lost: epoch {handle.epoch} ended, it is now "
+            + (f"held by {holder!r} at epoch {epoch}" if holder else f"free at epoch {epoch}")
+            + ("; the append was fenced out" if fenced else "")
+            + "; the work stopped before its final append",
+            rule="R12",
+            lease=handle.name,
+            holder=holder,
+            epoch=epoch,
+            lost_epoch=handle.epoch,
+        )
+
+    def still_held(self, handle: LeaseHandle) -> bool:
+        lease, _ = self._read_lease(handle.name)
+        return (
+            lease is not None
+            and not lease.released
+            and lease.epoch == handle.epoch
+            and lease.holder == handle.holder
+        )
 
     # -- the checked append (R11) --------------------------------------------------------
 
@@ -137,7 +197,25 @@ class ServiceCore:
             reader = self.ledger.reader(conn)
             self._check(commands, {pack: reader.pack_state(pack) for pack in commands})
 
-        self.ledger.app.save(*aggregates, *extra, fence=versions, precommit=terminal)
+        self.fenced_save(handle, *aggregates, *extra, fence=versions, precommit=terminal)
+
+    def fenced_save(
+        self,
+        handle: LeaseHandle,
+        *aggregates: Aggregate,
+        fence: Mapping[UUID, int],
+        precommit: Callable[[Connection], None] | None = None,
+    ) -> None:
+        """Append under the lease: stop first if its keeper saw it lost, and report a
+        fence that moved because the lease ended as the loss it is (R12)."""
+        if handle.keeper is not None:
+            handle.keeper.check()
+        try:
+            self.ledger.app.save(*aggregates, fence=fence, precommit=precommit)
+        except Conflict:
+            if not self.still_held(handle):
+                raise self.lost(handle, fenced=True) from None
+            raise
 
     # -- idempotency (R10) ---------------------------------------------------------------
 

@@ -14,11 +14,15 @@ from domain.matrix import Command, ImportLegacy
 from ledger.commands.leases import LeaseCommands
 from ledger.commands.results import ImportLegacyResult
 from ledger.commands.sources import read_input_file
+from ledger.observability import bind, get_logger, logged_command
+
+log = get_logger("import_legacy")
 
 
 class ImportLegacyCommand(LeaseCommands):
     """The ``import-legacy`` command."""
 
+    @logged_command(log, "import-legacy", lambda r: {"imported": len(r["imported"])})
     def import_legacy(self, path: Path, *, command_id: str | None = None) -> ImportLegacyResult:
         """Record legacy ``_System_InstalledPack`` rows once per pack (DESIGN "Inputs")."""
         data = read_input_file(path, field="file")
@@ -27,6 +31,7 @@ class ImportLegacyCommand(LeaseCommands):
         request_digest = self.request_digest(request)
         with self.ledger.snapshot() as reader:
             cid = self._command_id(command_id, "import-legacy", request_digest, reader)
+            bind(command_id=cid)
             prior = self.recorded(reader, cid, "import-legacy", request_digest)
             if prior is not None:
                 return cast(ImportLegacyResult, {**prior, "replayed": True})

@@ -1,4 +1,14 @@
-"""The writer lease (R12): acquire with a wait, release, and recover abandoned attempts.
+"""The writer lease (R12, R27): acquire with a wait, keep alive, release, break, recover.
+
+The log records every acquisition, release and break; the lease's coordination
+row (``ledger.log.lease_rows``) carries its current expiry, which a holder's
+keeper thread renews every ``renew_every`` seconds by compare-and-set on
+(holder, epoch) — nothing is appended for a renewal. Appends are fenced on the
+lease aggregate's version, which only epoch changes move, so a holder that
+lost the lease (expired and taken over, or broken by an operator) is rejected
+inside its next append whatever its renewals did. The keeper notices a loss
+first and cancels the work before its final append (``LeaseLost``, naming the
+new holder).
 
 The next lease holder turns every abandoned ``preparing`` attempt into
 ``failed_dirty`` before it creates a new candidate.
@@ -6,30 +16,87 @@ The next lease holder turns every abandoned ``preparing`` attempt into
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 
 from eventsourcing.domain import Aggregate
+from sqlalchemy.engine import Connection
 
 from domain.classifier import PackState
 from domain.coordination import Lease
 from domain.errors import Conflict, LedgerError
 from domain.identity import PackName
 from domain.matrix import Command, Fail
-from ledger.commands.core import WRITER_LEASE, LeaseHandle, ServiceCore
+from ledger.commands.core import WRITER_LEASE, LeaseHandle, LeaseLost, ServiceCore
 from ledger.commands.results import RecoveredAttempt
+from ledger.log import lease_rows
+from ledger.log.db import translate_errors
+from ledger.observability import get_logger, phased
 from projections.queries import preparing_generations
+
+log = get_logger("lease")
 
 
 class LeaseBusy(Conflict):
     """Another live writer holds the lease, or won the race to take it (exit 4)."""
 
 
-class LeaseCommands(ServiceCore):
-    """Taking, holding and giving back the writer lease."""
+class LeaseKeeper:
+    """Renews a held lease in the background until stopped; remembers a loss."""
 
+    def __init__(self, commands: LeaseCommands, handle: LeaseHandle, every: float) -> None:
+        self.commands = commands
+        self.handle = handle
+        self.every = every
+        self.lost: LeaseLost | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"lease-keeper-{handle.epoch}", daemon=True
+        )
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def check(self) -> None:
+        """Raise the loss the keeper noticed (the work stops before its next append)."""
+        if self.lost is not None:
+            raise self.lost
+
+    def renew_once(self) -> bool:
+        """One renewal; ``False`` (and the loss remembered) when the lease is gone."""
+        if self.lost is not None:
+            return False
+        try:
+            self.commands.renew_lease(self.handle)
+        except LeaseLost as exc:
+            self.lost = exc
+            log.warning(
+                "lease lost", extra={"epoch": self.handle.epoch, "holder": exc.details["holder"]}
+            )
+            return False
+        except LedgerError as exc:  # transient: the next renewal retries; the fence guards
+            log.warning("lease renewal failed", extra={"error": exc.code, "reason": exc.message})
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            if not self.renew_once():
+                return
+
+
+class LeaseCommands(ServiceCore):
+    """Taking, holding, renewing, breaking and giving back the writer lease."""
+
+    @phased("lease")  # a phase of the command taking the lease (apply), with its id
     def acquire_lease(self, *, wait: float | None = None) -> LeaseHandle:
         """Take the writer lease, waiting up to ``wait`` seconds for a live holder.
 
@@ -39,12 +106,15 @@ class LeaseCommands(ServiceCore):
         deadline = time.monotonic() + (self.lease_wait if wait is None else wait)
         pause = 0.05
         while True:
-            with self.ledger.snapshot() as reader:
-                lease = reader.lease(WRITER_LEASE)
-            lease = lease or Lease(name=WRITER_LEASE)
+            found, renewed = self._read_lease()
+            lease = found or Lease(name=WRITER_LEASE)
+            prior = (lease.epoch, lease.holder, lease.released)
             try:
-                lease.acquire(self.holder, self._now_us(), self.lease_ttl_us)
-                self.ledger.app.save(lease)
+                now = self._now_us()
+                lease.acquire(self.holder, now, self.lease_ttl_us, renewed)
+                claim = self._claim(prior, now, lease)
+                self.ledger.app.save(lease, precommit=claim)
+                log.info("lease acquired", extra={"epoch": lease.epoch, "holder": self.holder})
                 return LeaseHandle(WRITER_LEASE, self.holder, lease.epoch, lease.version)
             except Conflict as exc:
                 if time.monotonic() >= deadline:
@@ -54,27 +124,97 @@ class LeaseCommands(ServiceCore):
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
 
+    def _claim(
+        self, prior: tuple[int, str | None, bool], now_us: int, lease: Lease
+    ) -> Callable[[Connection], None]:
+        """Inside the acquisition's append: refuse if the previous holder renewed since we
+        read the row, then point the row at us (the takeover and a renewal never both win)."""
+        epoch, holder, released = prior
+
+        def claim(conn: Connection) -> None:
+            row = lease_rows.read(conn, lease.name, for_update=True)
+            if (
+                row is not None
+                and not released
+                and row.epoch == epoch
+                and row.holder == holder
+                and row.expires_at_us > now_us
+            ):
+                raise Conflict(
+                    f"lease {lease.name!r} was renewed by {holder!r} (epoch {epoch})",
+                    rule="R12",
+                    lease=lease.name,
+                    holder=holder,
+                    epoch=epoch,
+                )
+            lease_rows.claim(conn, lease.name, self.holder, lease.epoch, lease.expires_at_us)
+
+        return claim
+
+    def renew_lease(self, handle: LeaseHandle) -> int:
+        """Move the lease's expiry to now + TTL (one conditional UPDATE, no event).
+
+        Raises ``LeaseLost`` naming the new holder when the epoch has moved on.
+        """
+        expires = self._now_us() + self.lease_ttl_us
+        with translate_errors(), self.ledger.db.write() as conn:
+            renewed = lease_rows.renew(conn, handle.name, handle.holder, handle.epoch, expires)
+        if not renewed:
+            raise self.lost(handle)
+        log.debug("lease renewed", extra={"epoch": handle.epoch, "expires_at_us": expires})
+        return expires
+
     def release_lease(self, handle: LeaseHandle) -> None:
-        with self.ledger.snapshot() as reader:
-            lease = reader.lease(handle.name)
+        lease, _ = self._read_lease(handle.name)
         if lease is None:
             raise Conflict("the writer lease does not exist", rule="R12")
         lease.release(handle.epoch)
-        self.ledger.app.save(lease)
+
+        def free(conn: Connection) -> None:
+            lease_rows.claim(conn, lease.name, handle.holder, handle.epoch, 0)
+
+        self.ledger.app.save(lease, precommit=free)
+        log.info("lease released", extra={"epoch": handle.epoch})
+
+    def break_lease(self, holder: str) -> Lease:
+        """Free ``holder``'s lease at once (CONFLICT unless it holds it): epoch + 1 and
+        free, so a wrongly presumed-dead holder is fenced out of every append (R27)."""
+        lease, _ = self._read_lease()
+        if lease is None:
+            raise Conflict(f"lease {WRITER_LEASE!r} has never been held", rule="R27")
+        lease.break_for(holder)
+
+        def free(conn: Connection) -> None:
+            lease_rows.claim(conn, lease.name, holder, lease.epoch, 0)
+
+        self.ledger.app.save(lease, precommit=free)
+        log.warning("lease broken", extra={"broken_holder": holder, "epoch": lease.epoch})
+        return lease
+
+    def lease_state(self) -> tuple[Lease | None, int]:
+        """The lease as the log has it, and its effective expiry (renewals included)."""
+        lease, renewed = self._read_lease()
+        return lease, (0 if lease is None else lease.expiry(renewed))
 
     @contextmanager
     def leased(self, *, wait: float | None = None) -> Iterator[LeaseHandle]:
-        """Hold the writer lease; recover abandoned attempts before anything else."""
+        """Hold the writer lease, renewed in the background; recover abandoned attempts
+        before anything else."""
         handle = self.acquire_lease(wait=wait)
+        keeper = LeaseKeeper(self, handle, self.renew_every).start()
+        handle = replace(handle, keeper=keeper)
         try:
             yield replace(handle, recovered=tuple(self.recover(handle)))
         finally:
-            # Lost or taken over: the fence already rejects our appends.
-            with suppress(LedgerError):
-                self.release_lease(handle)
+            keeper.stop()
+            if keeper.lost is None:
+                # Lost or taken over: the fence already rejects our appends.
+                with suppress(LedgerError):
+                    self.release_lease(handle)
 
     # -- recovery (R12) ------------------------------------------------------------------
 
+    @phased("recover")  # a phase of the command holding the lease (apply), with its id
     def recover(self, handle: LeaseHandle) -> list[RecoveredAttempt]:
         """Turn every abandoned ``preparing`` attempt into ``failed_dirty``."""
         with self.ledger.db.read() as conn:
@@ -96,4 +236,5 @@ class LeaseCommands(ServiceCore):
             return out
 
         self.checked_append(handle, commands, build)
+        log.info("recovered abandoned attempts", extra={"count": len(found), "epoch": handle.epoch})
         return [{"pack": p, "install_id": i} for p, i in found]

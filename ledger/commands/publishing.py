@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 from uuid import UUID
 
 import sqlalchemy as sa
@@ -29,6 +29,7 @@ from domain.lifecycle import activation_id, generation_id, history_id
 from ledger.commands.core import ServiceCore
 from ledger.commands.results import CatalogCounts, CatalogOutcome, PublishResult
 from ledger.log.sqltypes import dec
+from ledger.observability import bind, get_logger, logged_command
 from ledger.store.runtime import Ledger, LogReader
 from projections.catalog_views import (
     AUDIENCE_BINDING,
@@ -319,6 +320,33 @@ class StagedPublication:
     fence: dict[UUID, int]
 
 
+log = get_logger("publish")
+
+
+def publication_summary(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The final log record's fields of a command that may publish (``apply`` nests its
+    catalog outcome, ``publish`` is one); a new revision is logged on its own too."""
+    catalog = result.get("catalog", result)
+    fields = {
+        "noop": result.get("noop"),
+        "replayed": result.get("replayed"),
+        "revision": catalog.get("revision"),
+        "published": catalog.get("published"),
+    }
+    if catalog.get("published") and not result.get("replayed"):
+        log.info(
+            "catalog published",
+            extra={
+                "revision": catalog.get("revision"),
+                "content_digest": catalog.get("content_digest"),
+                **catalog.get("counts", {}),
+            },
+        )
+    if "blocked" in catalog:
+        log.warning("publication blocked", extra={"packs": catalog["blocked"]["packs"]})
+    return fields
+
+
 def catalog_outcome(plan: PublishPlan) -> CatalogOutcome:
     """The revision a publication plan leaves in force, new or the parent's.
 
@@ -355,6 +383,7 @@ def catalog_outcome(plan: PublishPlan) -> CatalogOutcome:
 class PublishCommand(ServiceCore):
     """The ``publish`` command: validate every audience, append one revision (R16)."""
 
+    @logged_command(log, "publish", publication_summary)
     def publish(self, *, command_id: str | None = None) -> PublishResult:
         """Validate every audience and append one revision, or nothing if unchanged (R16)."""
         staged = self.stage_publication(command_id=command_id)
@@ -373,6 +402,7 @@ class PublishCommand(ServiceCore):
         request_digest = self.request_digest({"kind": "publish"})
         with self.ledger.snapshot() as reader:
             cid = self._command_id(command_id, "publish", request_digest, reader)
+            bind(command_id=cid)
             prior = self.recorded(reader, cid, "publish", request_digest)
             if prior is not None:
                 return cast(PublishResult, {**prior, "replayed": True})

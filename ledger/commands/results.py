@@ -13,10 +13,15 @@ from typing import NotRequired, TypedDict
 
 
 class PackOutcome(TypedDict):
-    """What ``apply`` did with one pack of the manifest."""
+    """What ``apply`` did with one pack of the manifest.
+
+    A removal (``remove``) names what it retired: the generation (install id,
+    revision, payload hash) and the pointer's new epoch, or the local_path record
+    (epoch null). Removals follow the manifest's packs, in ``remove`` order.
+    """
 
     pack: str
-    decision: str  # install | adopt | advance | local_install | local_update | unchanged | …
+    decision: str  # install | adopt | advance | local_update | unchanged | remove
     source_kind: str
     revision: str | None
     payload_hash: str

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from ledger.commands.apply import ApplyCommand
 from ledger.commands.core import WRITER_LEASE, LeaseHandle
+from ledger.commands.credentials import CredentialCommands
 from ledger.commands.import_legacy import ImportLegacyCommand
 
 __all__ = ["WRITER_LEASE", "CommandService", "LeaseHandle"]
 
 
-class CommandService(ApplyCommand, ImportLegacyCommand):
-    """Every command over one ``Ledger``: apply, publish, import-legacy, the lease steps."""
+class CommandService(ApplyCommand, ImportLegacyCommand, CredentialCommands):
+    """Every command over one ``Ledger``: apply, publish, import-legacy, the lease steps,
+    audience credentials."""

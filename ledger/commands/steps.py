@@ -1,4 +1,5 @@
-"""Single lifecycle steps: prepare candidates, activate them atomically, fail them (R6-R9)."""
+"""Single lifecycle steps: prepare candidates, activate them atomically, fail them (R6-R9);
+removal (R7) is part of the one final append."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from domain.lifecycle import (
     PackHistory,
     install_id_for,
 )
-from domain.matrix import Activate, Adopt, Command, Fail, LocalUpdate
+from domain.matrix import Activate, Adopt, Command, Fail, LocalUpdate, Remove
 from ledger.commands.core import LeaseHandle
 from ledger.commands.leases import LeaseCommands
 from ledger.commands.sources import ResolvedPack
@@ -40,7 +41,9 @@ class LifecycleSteps(LeaseCommands):
                 state = states[PackName.trusted(resolved.name)]
                 revision = resolved.source.revision
                 assert revision is not None
-                origin = Origin.ADVANCE if state.activation is not None else Origin.INSTALL
+                # A removed pack is installed again: a fresh incarnation (R7).
+                live = state.activation is not None and not state.activation.removed
+                origin = Origin.ADVANCE if live else Origin.INSTALL
                 install_id = install_id_for(
                     resolved.name, revision, resolved.content.payload_hash_v1, state.next_ordinal
                 )
@@ -53,6 +56,7 @@ class LifecycleSteps(LeaseCommands):
                     source=resolved.source.to_json(),
                     payload_hash=resolved.content.payload_hash_v1,
                     components=resolved.content.canonical_set(),
+                    # None for an install, a removed pointer included: it selects nothing.
                     from_install_id=state.activation.install_id if state.activation else None,
                 )
                 history = state.history
@@ -76,13 +80,15 @@ class LifecycleSteps(LeaseCommands):
         *,
         adoptions: Sequence[ResolvedPack] = (),
         local_updates: Sequence[ResolvedPack] = (),
+        removals: Sequence[PackName] = (),
         record: CommandRecord | None = None,
         extra: Sequence[Aggregate] = (),
         fence: Mapping[UUID, int] | None = None,
         states: Mapping[PackName, PackState] | None = None,
     ) -> dict[str, int]:
         """One append (R8): candidates active, pointers +1, predecessors retired,
-        adoptions and local in-place updates recorded; returns pack -> epoch."""
+        adoptions, local in-place updates and removals recorded; returns pack -> epoch
+        (a removed local_path pack has no epoch)."""
         commands: dict[PackName, Command] = {
             PackName.trusted(p): Activate(i) for p, i in candidates.items()
         }
@@ -90,6 +96,8 @@ class LifecycleSteps(LeaseCommands):
             commands[PackName.trusted(resolved.name)] = Adopt(resolved.target)
         for resolved in local_updates:
             commands[PackName.trusted(resolved.name)] = LocalUpdate(resolved.target)
+        for pack in removals:
+            commands[pack] = Remove()
         epochs: dict[str, int] = {}
 
         def build(states: Mapping[PackName, PackState]) -> list[Aggregate]:
@@ -102,6 +110,12 @@ class LifecycleSteps(LeaseCommands):
                     generation.activate(epoch=1)
                     out.extend([generation, PackActivation.start(generation)])
                     epochs[pack] = 1
+                elif state.activation.removed:  # a fresh incarnation of a removed pack
+                    epoch = state.activation.epoch + 1
+                    generation.activate(epoch=epoch)
+                    state.activation.reinstall(generation)
+                    out.extend([generation, state.activation])
+                    epochs[pack] = epoch
                 else:
                     epoch = state.activation.epoch + 1
                     previous = state.active
@@ -116,6 +130,8 @@ class LifecycleSteps(LeaseCommands):
                 epochs[resolved.name] = 1
             for resolved in local_updates:
                 out.append(self._local(states[PackName.trusted(resolved.name)], resolved))
+            for pack in removals:
+                out.extend(self._remove(states[pack], epochs))
             return out
 
         self.checked_append(
@@ -150,6 +166,20 @@ class LifecycleSteps(LeaseCommands):
         return [generation, PackActivation.start(generation), history]
 
     @staticmethod
+    def _remove(state: PackState, epochs: dict[str, int]) -> list[Aggregate]:
+        """R7 remove: the pointer moves to no generation with epoch + 1 and the active
+        generation retires with no successor; a local_path record is removed."""
+        if state.local is not None and not state.local.removed:
+            state.local.remove()
+            return [state.local]
+        activation, active = state.activation, state.active
+        assert activation is not None and active is not None
+        activation.remove()
+        active.retire(successor_install_id=None, epoch=activation.epoch)
+        epochs[state.pack] = activation.epoch
+        return [activation, active]
+
+    @staticmethod
     def _local(state: PackState, resolved: ResolvedPack) -> LocalPack:
         facts = {
             "category": resolved.content.category,
@@ -158,11 +188,16 @@ class LifecycleSteps(LeaseCommands):
             "payload_hash": resolved.content.payload_hash_v1,
         }
         if state.local is not None:
-            state.local.update(**facts)
+            if state.local.removed:  # installed again: a fresh incarnation (R7)
+                state.local.reinstall(**facts)
+            else:
+                state.local.update(**facts)
             return state.local
+        # A legacy local_path record is taken over with its install id; after an official
+        # incarnation was removed, the legacy record belongs to that history.
         install_id = (
             state.legacy.install_id
-            if state.legacy is not None
+            if state.legacy is not None and state.history is None
             else install_id_for(resolved.name, "local_path", resolved.content.payload_hash_v1, 1)
         )
         return LocalPack(pack=resolved.name, install_id=install_id, **facts)

@@ -38,8 +38,14 @@ ENV_VAR = "CATALOG_LEDGER_DB"
 Dialect = Literal["sqlite", "mysql"]
 
 _BEGIN_OPTION = "catalog_ledger_begin"
-# MySQL / MariaDB error numbers that mean "another transaction won".
-_MYSQL_CONFLICTS = {1062, 1213, 1205}
+# Error numbers that mean "another transaction won": a duplicate key (1062), a
+# deadlock, which is also how Galera reports a certification failure (1213), and
+# TiDB's write conflicts (9007 write conflict, 8002 "can not retry select for
+# update", 8022 optimistic transaction retry failed). The command re-reads.
+_MYSQL_CONFLICTS = {1062, 1213, 9007, 8002, 8022}
+# Transient failures the caller may simply retry: a lock wait timeout (1205) and
+# TiDB's "information schema changed" (8028) after concurrent DDL.
+_MYSQL_RETRYABLE = {1205, 8028}
 # MySQL / MariaDB client/server errors that mean "cannot reach or use the server".
 _MYSQL_UNAVAILABLE = {1044, 1045, 1049, 2002, 2003, 2005, 2006, 2013, 2055}
 
@@ -318,6 +324,13 @@ def translate(exc: BaseException) -> LedgerError:
             text = f"the connection was closed ({type(root).__name__} {number})"
         if number in _MYSQL_CONFLICTS:
             return Conflict(f"a concurrent write won: {text}", driver_error=text, errno=number)
+        if number in _MYSQL_RETRYABLE:
+            return Unavailable(
+                f"the server asked for a retry: {text}",
+                driver_error=text,
+                errno=number,
+                retryable=True,
+            )
         if number == 1146:
             return InvalidInput(
                 "the database has no Catalog Ledger schema; run `catalog-ledger init`",

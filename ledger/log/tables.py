@@ -3,8 +3,11 @@
 ``ledger_events`` is the one table of events (DESIGN "The log");
 ``ledger_head`` is the single row every append locks, which makes positions
 gapless and commit-ordered on every engine without relying on
-auto-increment; ``ledger_meta`` records the schema version. Projection tables
-are declared by their projections and joined in by ``all_metadata``.
+auto-increment; ``ledger_meta`` records the schema version and holds the
+migration lock row; ``ledger_lease`` is the writer lease's coordination row,
+whose expiry renewals move by compare-and-set outside the log (R12). Projection
+tables are declared by their projections and joined in by ``all_metadata``.
+Each schema version's changes are numbered steps in ``ledger.store.migrations``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import sqlalchemy as sa
 
 from ledger.log.sqltypes import BigInt, Binary, Blob
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 metadata = sa.MetaData()
 
@@ -53,4 +56,18 @@ merkle = sa.Table(
     sa.Column("level", sa.Integer(), primary_key=True, autoincrement=False),
     sa.Column("idx", sa.BigInteger(), primary_key=True, autoincrement=False),
     sa.Column("hash", Binary(32), nullable=False),
+)
+
+#: The writer lease's coordination row (schema version 2). The log records every
+#: acquisition, release and break; a renewal only moves ``expires_at_us`` here,
+#: by compare-and-set on (holder, epoch), so the log does not grow by a renewal
+#: every few seconds. Appends are fenced on the lease aggregate's version, which
+#: only acquisitions, releases and breaks move: the epoch, never the expiry.
+lease = sa.Table(
+    "ledger_lease",
+    metadata,
+    sa.Column("name", Binary(64), primary_key=True),
+    sa.Column("holder", Binary(255), nullable=False),
+    sa.Column("epoch", sa.BigInteger(), nullable=False),
+    sa.Column("expires_at_us", sa.BigInteger(), nullable=False),
 )

@@ -26,9 +26,12 @@ from sqlalchemy.engine import Connection
 from domain.errors import IntegrityFailure
 from ledger.log import tables as log_tables
 from ledger.log.db import Database, translate_errors
-from ledger.log.sqltypes import dec, enc
+from ledger.log.sqltypes import enc
+from ledger.store import migrations
 
 _LOG_TABLES = frozenset(t.name for t in log_tables.metadata.sorted_tables)
+#: How ``doctor`` marks an older, known schema version: ``migrate`` resolves it.
+MIGRATE_HINT = "(run `catalog-ledger migrate`)"
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class Difference:
     expected: str
     found: str
     safe: bool
+    #: The store is at an older, known schema version: ``migrate`` resolves it.
+    migration: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,10 +54,16 @@ class Difference:
         }
 
 
-def declared_tables() -> list[sa.Table]:
+def declared_tables(version: int = log_tables.SCHEMA_VERSION) -> list[sa.Table]:
+    """The tables a store at schema ``version`` has (later steps' tables omitted)."""
     from ledger.store.init import all_metadata
 
-    return [t for md in all_metadata() for t in md.sorted_tables]
+    return [
+        t
+        for md in all_metadata()
+        for t in md.sorted_tables
+        if migrations.TABLE_SINCE.get(t.name, migrations.FIRST_VERSION) <= version
+    ]
 
 
 def _family(kind: Any) -> str:
@@ -84,7 +95,24 @@ def differences(conn: Connection, dialect: str) -> list[Difference]:
     inspector = sa.inspect(conn)
     live_tables = set(inspector.get_table_names())
     found: list[Difference] = []
-    for table in declared_tables():
+    version: int | None = log_tables.SCHEMA_VERSION
+    if log_tables.meta.name in live_tables:
+        version, text = migrations.read_version(conn)
+        if version != log_tables.SCHEMA_VERSION:
+            older = migrations.known(version)
+            found.append(
+                Difference(
+                    "schema version",
+                    str(log_tables.SCHEMA_VERSION),
+                    f"{text} {MIGRATE_HINT}" if older else text,
+                    False,
+                    migration=older,
+                )
+            )
+    # An older store is compared with the schema of its own version.
+    at = version if migrations.known(version) else log_tables.SCHEMA_VERSION
+    assert at is not None
+    for table in declared_tables(at):
         name = table.name
         if name not in live_tables:
             safe = name not in _LOG_TABLES  # a view is rebuilt from the log
@@ -133,17 +161,6 @@ def differences(conn: Connection, dialect: str) -> list[Difference]:
                 found.append(
                     Difference(f"index {index.name} on {name}", "present", "missing", True)
                 )
-    if log_tables.meta.name in live_tables:
-        stored = conn.execute(
-            sa.select(log_tables.meta.c.value).where(
-                log_tables.meta.c.name == enc("schema_version")
-            )
-        ).scalar()
-        version = dec(stored) if stored is not None else "none"
-        if version != str(log_tables.SCHEMA_VERSION):
-            found.append(
-                Difference("schema version", str(log_tables.SCHEMA_VERSION), version, False)
-            )
     return found
 
 
@@ -153,9 +170,18 @@ def check(db: Database) -> list[Difference]:
         return differences(conn, db.dialect)
 
 
-def require(db: Database) -> None:
-    """Refuse a store whose schema differs unsafely from the declared one (R24)."""
-    unsafe = [d for d in check(db) if not d.safe]
+def require(db: Database, *, allow_older: bool = False) -> None:
+    """Refuse a store whose schema differs unsafely from the declared one (R24).
+
+    A store at an older schema version is refused with MIGRATION_REQUIRED, unless
+    ``allow_older`` (the read-only audit commands read every version this release
+    knows); any other unsafe difference is INTEGRITY, checked first.
+    """
+    found = check(db)
+    unsafe = [d for d in found if not d.safe and not d.migration]
+    if not unsafe and not allow_older and any(d.migration for d in found):
+        with translate_errors(), db.engine.connect() as conn:
+            migrations.require_current(*migrations.read_version(conn))
     if unsafe:
         first = unsafe[0]
         raise IntegrityFailure(
@@ -178,10 +204,14 @@ def repair(db: Database) -> list[Difference]:
                 for t in sa.inspect(conn).get_table_names()
                 for i in sa.inspect(conn).get_indexes(t)
             }
+            named = {d.object for d in missing}
             for table in declared_tables():
                 for index in table.indexes:
+                    if f"index {index.name} on {table.name}" not in named:
+                        continue
                     if (table.name, tuple(c.name for c in index.columns)) not in live:
                         index.create(conn, checkfirst=True)
+        db.engine.dispose()  # DDL ran: later work uses fresh connections
     return check(db)
 
 

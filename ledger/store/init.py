@@ -16,10 +16,11 @@ from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from domain.digests import ZERO_CHAIN
-from domain.errors import IntegrityFailure, InvalidInput
+from domain.errors import InvalidInput
 from ledger.log import tables as schema
 from ledger.log.db import Database, translate_errors
 from ledger.log.sqltypes import dec, enc
+from ledger.store import migrations
 from ledger.store.runtime import Ledger
 from projections.registry import public_views
 
@@ -71,6 +72,8 @@ def init_store(db: Database) -> StoreInfo:
     """Create the schema if missing (idempotent) and report engine and version."""
     with translate_errors():
         existed = sa.inspect(db.engine).has_table(schema.head.name)
+        if existed:
+            _require_known_version(db)  # before any DDL: an older store is migrated first
         for md in all_metadata():
             try:
                 md.create_all(db.engine, checkfirst=True)
@@ -78,6 +81,7 @@ def init_store(db: Database) -> StoreInfo:
                 # A concurrent `init` created a table between check and create.
                 md.create_all(db.engine, checkfirst=True)
         _create_views(db)
+        db.engine.dispose()  # DDL may have run: reconnect (TiDB: "schema changed" otherwise)
         with db.write() as conn:
             stored = conn.execute(
                 sa.select(schema.meta.c.value).where(schema.meta.c.name == enc("schema_version"))
@@ -87,13 +91,8 @@ def init_store(db: Database) -> StoreInfo:
                     schema.meta.insert(),
                     {"name": enc("schema_version"), "value": enc(str(schema.SCHEMA_VERSION))},
                 )
-            elif int(dec(stored)) != schema.SCHEMA_VERSION:
-                raise IntegrityFailure(
-                    f"the store has schema version {dec(stored)}, this program knows "
-                    f"{schema.SCHEMA_VERSION}",
-                    found=dec(stored),
-                    expected=schema.SCHEMA_VERSION,
-                )
+            else:
+                migrations.require_current(migrations.parse_version(stored), dec(stored))
             store_id = conn.execute(
                 sa.select(schema.meta.c.value).where(schema.meta.c.name == enc("store_id"))
             ).scalar()
@@ -124,6 +123,21 @@ def init_store(db: Database) -> StoreInfo:
         head_position=int(position),
         created=not existed,
     )
+
+
+def _require_known_version(db: Database) -> None:
+    """Refuse an existing store at an older (MIGRATION_REQUIRED) or unknown (INTEGRITY)
+    schema version. A store whose version row is absent and whose log is empty is an
+    ``init`` that was interrupted: it is finished, not refused."""
+    with db.engine.connect() as conn:
+        if not sa.inspect(conn).has_table(schema.meta.name):
+            return
+        version, text = migrations.read_version(conn)
+        if version is None and text == "none":
+            has_events = conn.execute(sa.select(schema.events.c.position).limit(1)).first()
+            if has_events is None:
+                return
+        migrations.require_current(version, text)
 
 
 def _create_views(db: Database) -> None:

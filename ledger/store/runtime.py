@@ -91,7 +91,7 @@ class LogReader:
         activation = self.get(activation_id(pack), PackActivation)
         newest = self.get(generation_id(pack, history.newest), Generation) if history else None
         active: Generation | None = None
-        if activation is not None:
+        if activation is not None and activation.install_id is not None:  # not removed
             if newest is not None and newest.install_id == activation.install_id:
                 active = newest
             else:

@@ -1,0 +1,432 @@
+"""``import --jsonl``: load an ``export --jsonl`` into an empty store, byte for byte.
+
+Backup, restore and moving a store between engines are one operation: the
+export of one store is the whole log (schema/LOG-FORMAT.md, "Export"), and
+importing it into an empty store on any engine writes the same rows: the
+same positions, aggregate ids, versions, topics, the exact stored state bytes
+(``state_b64``), the same event ids and chain. Nothing is trusted: every line
+is checked as it streams by, before anything is committed —
+
+* its shape (JSON object, every field of its type): INVALID naming the line
+  and the field;
+* its position (1, 2, 3 … with no gap), its ``event_id`` recomputed from its
+  bytes, its chain link from the previous line, its topic (a type this
+  release reads, R23: unknown types fail closed as in ``audit verify``), its
+  state (a JSON object, equal to the line's decoded ``state``) and its
+  aggregate version (above the aggregate's previous one): INTEGRITY naming
+  the line and the position.
+
+All rows go in through one write transaction (executemany in batches), with
+the head row locked from the emptiness check to the commit: the first bad
+line rolls everything back and the store is left empty. Views are not
+touched here; the caller rebuilds them from the imported log (the existing
+blue/green rebuild).
+
+The target keeps its own ``store_id`` (``ledger_meta``): it is a different
+store holding the same log, so its checkpoints name it as their origin while
+size and root stay those of the source (a checkpoint taken on the source
+still proves the restored log extends it).
+
+A 0.1 export has no ``state_b64``: its state bytes are then the canonical
+encoding (orjson, sorted keys) of its ``state``, which is how 0.1 wrote
+them. That is a re-serialization, but a checked one: the stated ``event_id``
+covers the bytes, so a line imports only if the re-encoded bytes are exactly
+the ones that were stored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import os
+import stat
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+from uuid import UUID
+
+import orjson
+
+from domain.digests import ZERO_CHAIN, Purpose, hasher
+from domain.errors import IntegrityFailure, InvalidInput
+from domain.event_types import EVENT_TYPES, StoredType, UnknownEventType
+from ledger.log import merkle
+from ledger.log import tables as schema
+from ledger.store.runtime import Ledger
+
+#: Rows per executemany: large enough to amortize round trips, small enough that
+#: a batch's parameters stay far below MySQL's max_allowed_packet.
+BATCH = 1000
+#: (bytes or characters read so far, total when known else the same number)
+Progress = Callable[[int, int], None]
+
+#: The longest line accepted (an event state of this size is far beyond any pack or
+#: catalog this store accepts): a stream without newlines is refused, not buffered.
+MAX_LINE = 1 << 30
+_MAX_INT = 2**63 - 1
+_MISSING = object()
+
+
+def read_lines(
+    handle: IO[bytes] | IO[str], *, name: str, limit: int = MAX_LINE
+) -> Iterator[bytes | str]:
+    """The lines of an export file or stream, each at most ``limit`` long.
+
+    Read errors (a directory, a stream that cannot be read) and an over-long line
+    are INVALID naming ``file``, never a traceback; a device such as ``/dev/zero``
+    is refused before anything is read.
+    """
+    try:
+        mode = os.fstat(handle.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        mode = None  # an in-memory stream
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        raise InvalidInput(
+            f"{name} is not a file or a pipe; give an `export --jsonl` file", field="file"
+        )
+    return _lines(handle, name, limit)
+
+
+def _lines(handle: IO[bytes] | IO[str], name: str, limit: int) -> Iterator[bytes | str]:
+    number = 0
+    while True:
+        try:
+            line = handle.readline(limit + 1)
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"cannot read {name}: {exc}", field="file") from None
+        if not line:
+            return
+        number += 1
+        if len(line) > limit:
+            raise InvalidInput(
+                f"line {number} of {name} is longer than {limit} bytes", field="line", line=number
+            )
+        yield line
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What an import wrote: the log's size, its chain head and its Merkle root."""
+
+    imported: int
+    head_position: int
+    chain: bytes
+    root: bytes
+
+
+def _invalid(line: int, key: str, problem: str) -> InvalidInput:
+    return InvalidInput(f"line {line}: {key} {problem}", field=key, line=line)
+
+
+def _integrity(line: int, position: int, check: str, problem: str) -> IntegrityFailure:
+    return IntegrityFailure(
+        f"line {line} (position {position}): {problem}; nothing was imported",
+        line=line,
+        position=position,
+        check=check,
+    )
+
+
+def _int(doc: dict[str, Any], key: str, line: int) -> int:
+    value = doc.get(key, _MISSING)
+    if type(value) is not int:
+        raise _invalid(line, key, f"must be an integer, found {_kind(value)}")
+    if not 1 <= value <= _MAX_INT:
+        raise _invalid(line, key, f"must be between 1 and 2^63-1, found {value}")
+    return value
+
+
+def _text(doc: dict[str, Any], key: str, line: int) -> str:
+    value = doc.get(key, _MISSING)
+    if not isinstance(value, str):
+        raise _invalid(line, key, f"must be a string, found {_kind(value)}")
+    return value
+
+
+def _hex32(doc: dict[str, Any], key: str, line: int) -> bytes:
+    text = _text(doc, key, line)
+    try:
+        value = bytes.fromhex(text)
+    except ValueError:
+        value = b""
+    if len(value) != 32 or value.hex() != text:
+        raise _invalid(line, key, "must be 64 lowercase hex digits (32 bytes)")
+    return value
+
+
+def _kind(value: object) -> str:
+    """How a JSON value is named in a message (``found null``, ``found a string``)."""
+    if value is _MISSING:
+        return "nothing (the field is missing)"
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    if value is None:
+        return "null"
+    return names.get(type(value), "an array" if isinstance(value, list) else "an object")
+
+
+def _state_bytes(doc: dict[str, Any], line: int) -> bytes:
+    """The exact stored state bytes of a line (``state_b64``; 0.1 exports: see module doc)."""
+    if "state_b64" not in doc:
+        state = doc.get("state")
+        if not isinstance(state, dict):
+            raise _invalid(line, "state_b64", "is missing (and state is not a JSON object)")
+        return orjson.dumps(state, option=orjson.OPT_SORT_KEYS)
+    text = _text(doc, "state_b64", line)
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise _invalid(line, "state_b64", "is not padded base64 (RFC 4648)") from None
+    if base64.b64encode(data).decode("ascii") != text:
+        raise _invalid(line, "state_b64", "is not canonical padded base64 (RFC 4648)")
+    return data
+
+
+@dataclass(frozen=True)
+class _Row:
+    position: int
+    aggregate: bytes
+    version: int
+    topic: bytes
+    state: bytes
+    event_id: bytes
+    chain: bytes
+    doc: dict[str, Any]
+
+
+def _parse(raw: bytes | str, line: int) -> _Row:
+    """One line's fields, typed; INVALID naming the line and the field otherwise."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"line {line}: not a JSON document ({exc})", field="line", line=line
+        ) from None
+    if not isinstance(doc, dict):
+        raise InvalidInput(
+            f"line {line}: not a JSON object (an export line is one event object)",
+            field="line",
+            line=line,
+        )
+    position = _int(doc, "position", line)
+    agg_text = _text(doc, "aggregate_id", line)
+    digits = agg_text.replace("-", "")
+    try:
+        aggregate = bytes.fromhex(digits)
+    except ValueError:
+        aggregate = b""
+    if (
+        len(agg_text) != 36
+        or len(aggregate) != 16
+        or aggregate.hex() != digits
+        or agg_text[8] + agg_text[13] + agg_text[18] + agg_text[23] != "----"
+    ):
+        raise _invalid(line, "aggregate_id", "is not a canonical lowercase hyphenated UUID")
+    version = _int(doc, "version", line)
+    topic_text = _text(doc, "topic", line)
+    topic = topic_text.encode("utf-8")
+    if not 1 <= len(topic) <= 255:
+        raise _invalid(line, "topic", "must be 1-255 bytes of UTF-8")
+    event = _hex32(doc, "event_id", line)
+    chain = _hex32(doc, "chain", line)
+    state = _state_bytes(doc, line)
+    return _Row(position, aggregate, version, topic, state, event, chain, doc)
+
+
+@functools.lru_cache(maxsize=1024)
+def _resolve(topic: bytes) -> StoredType:
+    """The type of a topic, once per distinct topic (a log has a few dozen)."""
+    return EVENT_TYPES.resolve(topic)
+
+
+def _check_meaning(row: _Row, line: int) -> None:
+    """After the bytes verify: the topic is a type this release reads (unknown types fail
+    closed, as in ``audit verify``), its state is a JSON object, and the line's derived
+    fields say what its stored bytes say (an edited ``state`` or ``type`` would mislead
+    whoever reads the export)."""
+    try:
+        stored = _resolve(row.topic)
+    except UnknownEventType as exc:
+        raise _integrity(
+            line, row.position, "type", f"{exc.message} (a type this release cannot read)"
+        ) from None
+    try:
+        decoded = orjson.loads(row.state)
+    except orjson.JSONDecodeError:
+        decoded = None
+    if not isinstance(decoded, dict):
+        raise _integrity(
+            line, row.position, "state", "the state of a known event type is not a JSON object"
+        )
+    doc = row.doc
+    if "state" in doc and doc["state"] != decoded:
+        raise _integrity(line, row.position, "state", "state differs from the bytes in state_b64")
+    if doc.get("state_hex") is not None:
+        raise _integrity(line, row.position, "state", "state_hex is set for a JSON state")
+    labels = (
+        ("format", stored.format),
+        ("type", stored.type.name),
+        ("type_version", stored.version),
+    )
+    for key, want in labels:
+        if key in doc and (doc[key] != want or type(doc[key]) is not type(want)):
+            raise _integrity(
+                line,
+                row.position,
+                "type",
+                f"{key} says {doc[key]!r} but the topic {row.topic.decode()!r} is {want!r}",
+            )
+
+
+class _MerkleStack:
+    """Streaming RFC 9162 root over event ids: O(log n) perfect subtrees."""
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[int, bytes]] = []
+
+    def add(self, event: bytes) -> None:
+        size, value = 1, merkle.leaf_hash(event)
+        while self.stack and self.stack[-1][0] == size:
+            value = merkle.node_hash(self.stack.pop()[1], value)
+            size *= 2
+        self.stack.append((size, value))
+
+    def root(self) -> bytes:
+        if not self.stack:
+            return merkle.EMPTY_ROOT
+        value = self.stack[-1][1]
+        for _, left in reversed(self.stack[:-1]):
+            value = merkle.node_hash(left, value)
+        return value
+
+
+def import_jsonl(
+    ledger: Ledger,
+    lines: Iterable[bytes | str],
+    *,
+    total: int | None = None,
+    progress: Progress | None = None,
+    batch: int = BATCH,
+) -> Restored:
+    """Import every line of an export into this empty store, in one transaction.
+
+    ``lines`` is the export's lines (a file opened in binary mode streams them);
+    ``total`` its size for ``progress(done, total)``, in the units of ``len(line)``.
+    Raises INVALID (``db``) when the store is not empty, INVALID (a line's field)
+    or INTEGRITY (a line's position/bytes/type) at the first bad line: then
+    nothing is written.
+    """
+    db = ledger.db
+    p = "?" if db.is_sqlite else "%s"
+    ev, hd = schema.events.name, schema.head.name
+    insert = (
+        f"INSERT INTO {ev} (position, aggregate_id, version, topic, state, event_id, chain)"
+        f" VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p})"
+    )
+    copy_event, copy_chain = hasher(Purpose.EVENT_ID).copy, hasher(Purpose.CHAIN).copy
+    u64 = _u64
+    tree = _MerkleStack()
+    last_version: dict[bytes, int] = {}
+    chain, position, done = ZERO_CHAIN, 0, 0
+    pending: list[tuple[Any, ...]] = []
+    with db.write() as conn:
+        head = ledger.recorder.lock_head(conn)  # held until commit: appends wait
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(f"SELECT position FROM {ev} ORDER BY position LIMIT 1")
+            first = cursor.fetchone()
+            if head.position != 0 or head.chain != ZERO_CHAIN or first is not None:
+                raise InvalidInput(
+                    f"the target store is not empty (head at position {head.position}"
+                    f"{', events stored' if first is not None else ''}); import loads an "
+                    "export into a freshly initialized store only",
+                    field="db",
+                    head_position=head.position,
+                )
+            # Derived Merkle subtrees of whatever log was here before: never of this one.
+            cursor.execute(f"DELETE FROM {schema.merkle.name}")
+            for number, raw in enumerate(lines, start=1):
+                done += len(raw)
+                row = _parse(raw, number)
+                position += 1
+                if row.position != position:
+                    raise _integrity(
+                        number,
+                        position,
+                        "position",
+                        f"expected position {position}, found {row.position} (a line is "
+                        "missing, duplicated or out of order)",
+                    )
+                h = copy_event()
+                h.update(
+                    u64(16)
+                    + row.aggregate
+                    + u64(8)
+                    + u64(row.version)
+                    + u64(len(row.topic))
+                    + row.topic
+                    + u64(len(row.state))
+                )
+                h.update(row.state)
+                if h.digest() != row.event_id:
+                    raise _integrity(
+                        number,
+                        position,
+                        "event_id",
+                        "the stated event_id does not match the line's aggregate id, version, "
+                        "topic and state bytes",
+                    )
+                c = copy_chain()
+                c.update(chain + row.event_id)
+                chain = c.digest()
+                if chain != row.chain:
+                    raise _integrity(
+                        number,
+                        position,
+                        "chain",
+                        "the stated chain does not follow from the previous line's chain and "
+                        "this event_id",
+                    )
+                _check_meaning(row, number)
+                previous = last_version.get(row.aggregate, 0)
+                if row.version <= previous:
+                    raise _integrity(
+                        number,
+                        position,
+                        "version",
+                        f"aggregate {UUID(bytes=row.aggregate)} is at version {previous} "
+                        f"already; version {row.version} repeats or goes back",
+                    )
+                last_version[row.aggregate] = row.version
+                tree.add(row.event_id)
+                pending.append(
+                    (
+                        position,
+                        row.aggregate,
+                        row.version,
+                        row.topic,
+                        row.state,
+                        row.event_id,
+                        row.chain,
+                    )
+                )
+                if len(pending) >= batch:
+                    cursor.executemany(insert, pending)
+                    pending.clear()
+                    if progress is not None:
+                        progress(done, max(total or 0, done))
+            if pending:
+                cursor.executemany(insert, pending)
+            if position:
+                cursor.execute(
+                    f"UPDATE {hd} SET position = {p}, chain = {p} WHERE id = 1", (position, chain)
+                )
+        finally:
+            cursor.close()
+    if progress is not None:
+        progress(done, max(total or 0, done))
+    return Restored(imported=position, head_position=position, chain=chain, root=tree.root())
+
+
+_u64 = struct.Struct(">Q").pack

@@ -1,0 +1,114 @@
+"""``_System_Credential``: every audience credential and its state, applied inline (R26).
+
+One row per credential: the audience it authenticates, the digest of its
+token (never the token), when it was issued, when it expires and when it was
+revoked. Inline, so a credential works (and a revocation bites) as soon as its
+append commits, and on a replica as soon as that commit is replicated. Whether
+a credential is *expired* depends on the reader's clock, so the view stores
+the expiry and readers decide (``domain.credentials.status_at``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from domain.event_types import T_CREDENTIAL_ISSUED, T_CREDENTIAL_REVOKED
+from ledger.log.sqltypes import BigInt, Binary, dec, enc
+from projections.framework import Projection, RowStore, ViewEvent, view_table
+from projections.queries import require_running
+
+CREDENTIAL = view_table(
+    "_System_Credential",
+    "view_credential",
+    ["credential_id"],
+    sa.Column("credential_id", Binary(64)),
+    sa.Column("audience_kind", Binary(16), nullable=False),
+    sa.Column("audience_id", Binary(255), nullable=False),
+    sa.Column("token_digest", Binary(32), nullable=False),
+    sa.Column("issued_at_us", BigInt(), nullable=False),
+    sa.Column("expires_at_us", BigInt(), nullable=True),
+    sa.Column("revoked_at_us", BigInt(), nullable=True),
+    sa.Column("position", BigInt(), nullable=False),
+    # ``credentials list --audience A``.
+    indexes=[["audience_kind", "audience_id"]],
+)
+
+
+class CredentialView(Projection):
+    """Credentials by id, with the digest of their token (R26)."""
+
+    name = "credential"
+    version = 1
+    weight = 0.1
+    tables = (CREDENTIAL,)
+    types: ClassVar[frozenset[str]] = frozenset({T_CREDENTIAL_ISSUED, T_CREDENTIAL_REVOKED})
+
+    def apply(self, event: ViewEvent, rows: RowStore) -> None:
+        d = event.data
+        key = (enc(d["credential_id"]),)
+        if event.type == T_CREDENTIAL_ISSUED:
+            rows.put(
+                CREDENTIAL,
+                {
+                    "credential_id": key[0],
+                    "audience_kind": enc(d["audience_kind"]),
+                    "audience_id": enc(d["audience_id"]),
+                    "token_digest": bytes.fromhex(d["token_digest"]),
+                    "issued_at_us": int(d["issued_at_us"]),
+                    "expires_at_us": d["expires_at_us"],
+                    "revoked_at_us": None,
+                    "position": event.position,
+                },
+            )
+            return
+        row = rows.get(CREDENTIAL, key)
+        if row is None:  # a poison event: the view stops and says where (R20)
+            raise ValueError(f"revocation of credential {d['credential_id']}, never issued")
+        rows.put(
+            CREDENTIAL,
+            {**row, "revoked_at_us": int(d["revoked_at_us"]), "position": event.position},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialRow:
+    """One credential as the live view has it."""
+
+    credential_id: str
+    audience_kind: str
+    audience_id: str
+    token_digest: bytes
+    issued_at_us: int
+    expires_at_us: int | None
+    revoked_at_us: int | None
+
+
+def credential_rows(
+    conn: Connection, *, audience: tuple[str, str] | None = None, live_only: bool = False
+) -> Iterator[CredentialRow]:
+    """The credentials of the live view (of one audience), oldest first; ``live_only``
+    leaves revoked ones out. Fails closed when the view is not running (R25)."""
+    version = require_running(conn, CredentialView.name)[CredentialView.name]
+    t = CREDENTIAL.physical
+    query = sa.select(t).where(t.c.view_version == version)
+    if audience is not None:
+        query = query.where(
+            t.c.audience_kind == enc(audience[0]), t.c.audience_id == enc(audience[1])
+        )
+    if live_only:
+        query = query.where(t.c.revoked_at_us.is_(None))
+    for r in conn.execute(query.order_by(t.c.issued_at_us, t.c.credential_id)):
+        yield CredentialRow(
+            credential_id=dec(r.credential_id),
+            audience_kind=dec(r.audience_kind),
+            audience_id=dec(r.audience_id),
+            token_digest=bytes(r.token_digest),
+            issued_at_us=int(r.issued_at_us),
+            expires_at_us=None if r.expires_at_us is None else int(r.expires_at_us),
+            revoked_at_us=None if r.revoked_at_us is None else int(r.revoked_at_us),
+        )
