@@ -23,8 +23,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Three workers (the suite waits on fsync and subprocesses as much as on the 2 cores);
+# a test module, and so a test-owned cluster, stays on one worker.
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile
 
 campaign: $(STAMP)
 	$(BIN)/python -m pytest -q -s -m campaign tests

@@ -13,7 +13,8 @@ from tests.concurrency_support import race
 
 
 @pytest.mark.parametrize("engine_url", ["mariadb"], indirect=True)
-@pytest.mark.parametrize("writers", [2, 4])
+# Four writers run in `make campaign` (with tests/campaigns/test_concurrency_full.py).
+@pytest.mark.parametrize("writers", [2, pytest.param(4, marks=pytest.mark.campaign)])
 def test_r12_racing_writers_leave_a_verifiable_log(
     engine_url: str, tmp_path: Path, writers: int
 ) -> None:

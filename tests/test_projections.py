@@ -218,6 +218,10 @@ def _view_digest(db: Database) -> tuple[int, int]:
     return len(rows), hash(tuple(sorted((bytes(a), bytes(b), c) for a, b, c in rows)))
 
 
+# MariaDB in `make campaign` (time budget of the default run).
+@pytest.mark.parametrize(
+    "engine_url", ["sqlite", pytest.param("mariadb", marks=pytest.mark.campaign)], indirect=True
+)
 def test_r20_blue_green_rebuild_of_50k_events_never_shows_a_partial_view(world: World) -> None:
     events = bulk_history(world.ledger, packs=2500, rounds=5, components=1)
     assert events >= 50_000
@@ -243,6 +247,10 @@ def test_r20_blue_green_rebuild_of_50k_events_never_shows_a_partial_view(world: 
     assert all(r.ok for r in world.ledger.runner.verify(world.db))
 
 
+# MariaDB in `make campaign` (time budget of the default run).
+@pytest.mark.parametrize(
+    "engine_url", ["sqlite", pytest.param("mariadb", marks=pytest.mark.campaign)], indirect=True
+)
 def test_r20_sigkill_during_rebuild_leaves_live_view_intact_and_rerun_works(
     world: World,
 ) -> None:

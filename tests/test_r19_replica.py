@@ -172,6 +172,9 @@ def test_r19_serve_on_a_replica_through_a_select_only_account_never_writes(
         }
         first = server.view(AUDIENCE, token=token)
         assert (first.status_code, first.json().get("revision")) == (200, served), first.text
+        exposition = server.client.get("/metrics").text
+        assert _gauge(exposition, "catalog_ledger_replication_running") == 1
+        assert _gauge(exposition, "catalog_ledger_replication_lag_seconds") == 0
 
         store.pair.pause()
         try:
@@ -193,6 +196,8 @@ def test_r19_serve_on_a_replica_through_a_select_only_account_never_writes(
             metrics = server.client.get("/metrics")
             assert metrics.status_code == 200
             assert _gauge(metrics.text, "catalog_ledger_catalog_revision") == served
+            assert _gauge(metrics.text, "catalog_ledger_replication_running") == 0
+            assert not re.search(r"^catalog_ledger_replication_lag_seconds ", metrics.text, re.M)
         finally:
             store.pair.resume()
         store.pair.wait_caught_up()

@@ -129,3 +129,32 @@ def test_r24_a_missing_secondary_index_is_safe_and_repaired(world: World) -> Non
         0,
         {"ok": True, "differences": []},
     )
+
+
+def test_r24_healthz_reports_the_schema_contract(world: World) -> None:
+    from fastapi.testclient import TestClient
+
+    from ledger.api import Store
+    from ledger.http.app import create_app
+
+    released(world)
+    with world.db.write() as conn:
+        conn.exec_driver_sql(
+            "DROP INDEX ix_view_pack_generation_0"
+            + ("" if world.url.startswith("sqlite") else " ON view_pack_generation")
+        )
+    store = Store(world.url)
+    with TestClient(create_app(store.opener())) as client:
+        health = client.get("/healthz")
+        assert health.status_code == 200 and health.json()["schema_ok"] is True
+        assert [d["object"] for d in health.json()["schema_differences"]] == [
+            "index ix_view_pack_generation_0 on view_pack_generation"
+        ]
+    drop_unique_key(world)
+    with TestClient(create_app(store.opener())) as client:
+        health = client.get("/healthz")
+        assert health.status_code == 503 and health.json()["schema_ok"] is False
+        assert "unique key ledger_events(aggregate_id, version)" in [
+            d["object"] for d in health.json()["schema_differences"] if not d["safe"]
+        ]
+    store.close()

@@ -60,6 +60,7 @@ from ledger.http.auth import (
 from ledger.http.metrics import HttpMetrics, MetricsMiddleware, StoreCollector, multiprocess_dir
 from ledger.http.tls import client_certificate
 from ledger.observability import configure_from_environment
+from ledger.store import contract
 from ledger.store.replica import replication, writable
 from projections.reader import CatalogReader, parse_audience, parse_revision
 
@@ -159,6 +160,9 @@ class Health(BaseModel):
     writes: bool = True
     #: The replica's replication from its primary (None: not a replica, or not visible).
     replication: Replication | None = None
+    #: The schema contract (R24), checked once when the service started.
+    schema_ok: bool = True
+    schema_differences: list[dict[str, Any]] = []
 
 
 def authenticated(
@@ -272,6 +276,7 @@ def create_app(
                 )
                 app.state.authenticator = Authenticator(cache, clock=clock)
             state["writes"] = writable(ledger.db)
+            state["schema"] = [d.to_json() for d in contract.check(ledger.db)]
             tune_gc_for_serving()
             if state["writes"]:  # a replica's views follow its primary, never this process
                 thread = threading.Thread(target=follow, name="catch-up", daemon=True)
@@ -382,6 +387,9 @@ def create_app(
         }
         # A view built by other view code is not served (R25): not healthy either.
         healthy = all(v["state"] == "running" and not v["rebuild_needed"] for v in views.values())
+        differences: list[dict[str, Any]] = state.get("schema", [])
+        schema_ok = all(d["safe"] for d in differences)
+        healthy = healthy and schema_ok
         replica = replication(ledger.db)
         body = Health(
             healthy=healthy,
@@ -390,6 +398,8 @@ def create_app(
             projections=views,
             writes=state["writes"],
             replication=Replication(**replica) if replica is not None else None,
+            schema_ok=schema_ok,
+            schema_differences=differences,
         )
         return JSONResponse(body.model_dump(), status_code=200 if healthy else 503)
 

@@ -36,6 +36,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from domain.errors import Missing
+from ledger.store.replica import replication
 from projections.reader import CatalogReader
 
 #: The environment variable prometheus-client's multiprocess mode reads.
@@ -62,7 +63,7 @@ class StoreCollector:
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
-        up, head, revision, lag, stopped, epoch = families
+        up, head, revision, lag, stopped, epoch, running, behind = families
         ledger = self._ledger()
         if ledger is None:
             up.add_metric([], 0)
@@ -75,6 +76,7 @@ class StoreCollector:
                 served = 0
             with ledger.snapshot() as reader:
                 lease = reader.lease(WRITER_LEASE)
+            replica = replication(ledger.db)
         except Exception:  # the store is down: say so, never fail the scrape
             up.add_metric([], 0)
             return [up]
@@ -86,6 +88,11 @@ class StoreCollector:
                 lag.add_metric([view["name"]], view["lag"])
             stopped.add_metric([view["name"]], 0 if view.get("state") == "running" else 1)
         epoch.add_metric([], 0 if lease is None else lease.epoch)
+        if replica is None:  # not a replica: no replication gauges
+            return families[:6]
+        running.add_metric([], 1 if replica["io_running"] and replica["sql_running"] else 0)
+        if replica["seconds_behind_primary"] is not None:
+            behind.add_metric([], replica["seconds_behind_primary"])
         return families
 
     @staticmethod
@@ -111,6 +118,14 @@ class StoreCollector:
             ),
             GaugeMetricFamily(
                 "catalog_ledger_lease_epoch", "Epoch of the writer lease (acquisitions and breaks)."
+            ),
+            GaugeMetricFamily(
+                "catalog_ledger_replication_running",
+                "On a replica: 1 when both replication threads run, 0 when paused or failed.",
+            ),
+            GaugeMetricFamily(
+                "catalog_ledger_replication_lag_seconds",
+                "On a replica: seconds behind its primary (absent while replication is stopped).",
             ),
         ]
 
