@@ -34,6 +34,7 @@ from ledger.audit.replay import CATALOG_TYPES, CatalogReplay
 from ledger.log import merkle
 from ledger.log import tables as schema
 from ledger.log.checkpoint import Checkpoint, VerifierKey
+from ledger.log.merkle import MerkleStack
 from ledger.store.runtime import Ledger
 
 Progress = Callable[[int, int], None]
@@ -88,35 +89,6 @@ class AuditReport:
         }
 
 
-class _MerkleStack:
-    """Streaming RFC 9162 root: O(log n) perfect subtrees, optionally every leaf."""
-
-    def __init__(self, keep_leaves: bool) -> None:
-        self.stack: list[tuple[int, bytes]] = []
-        self.leaves: list[bytes] | None = [] if keep_leaves else None
-
-    def add(self, leaf: bytes) -> None:
-        if self.leaves is not None:
-            self.leaves.append(leaf)
-        self.add_node(1, leaf)
-
-    def add_node(self, size: int, value: bytes) -> None:
-        """Append a perfect subtree of ``size`` leaves (aligned at the current end)."""
-        while self.stack and self.stack[-1][0] == size:
-            _, left = self.stack.pop()
-            value = merkle.node_hash(left, value)
-            size *= 2
-        self.stack.append((size, value))
-
-    def root(self) -> bytes:
-        if not self.stack:
-            return merkle.EMPTY_ROOT
-        value = self.stack[-1][1]
-        for _, left in reversed(self.stack[:-1]):
-            value = merkle.node_hash(left, value)
-        return value
-
-
 def verify_log(
     ledger: Ledger,
     *,
@@ -139,7 +111,7 @@ def verify_log(
     cp: Checkpoint | None = None
     if from_checkpoint is not None:
         cp = verifier.verify(from_checkpoint) if verifier else Checkpoint.parse(from_checkpoint)
-    stack = _MerkleStack(keep_leaves=cp is not None)
+    stack = MerkleStack(keep_leaves=cp is not None)
     auditor, catalog = LifecycleAuditor(), CatalogReplay(keep=-1)
     generations: list[dict[str, Any]] = []
     total = ledger.recorder.head().position
@@ -211,7 +183,7 @@ _LEN8 = _U64(8)
 
 def _verify_rows(
     rows: Iterator[tuple[int, bytes, int, bytes, bytes, bytes, bytes]],
-    stack: _MerkleStack,
+    stack: MerkleStack,
     report: AuditReport,
     progress: Progress | None,
     total: int,
@@ -292,7 +264,7 @@ def _chain_worker(url: str, after: int, upto: int, chunk: int, results: Any) -> 
             start = after
             while start < upto and not report.problems:
                 end = min(start + chunk, upto)
-                stack = _MerkleStack(keep_leaves=False)
+                stack = MerkleStack(keep_leaves=False)
                 expected, chain = _verify_rows(
                     _take(scan, end - start), stack, report, None, 0, after=start, chain=chain
                 )
@@ -361,7 +333,7 @@ def verify_chain_parallel(
     for proc in procs:
         proc.join()
     problems: list[Problem] = []
-    stack = _MerkleStack(keep_leaves=False)
+    stack = MerkleStack(keep_leaves=False)
     chain = ZERO_CHAIN
     for after, _ in bounds:
         outcome = outcomes[after]
@@ -431,7 +403,7 @@ def _verify_parallel(
     replay: bool,
     generations: list[dict[str, Any]] | None,
     workers: int,
-    stack: _MerkleStack,
+    stack: MerkleStack,
     chunk: int,
 ) -> tuple[int, bytes, Any]:
     """Byte checks in worker processes, replay here, over the same rows."""
@@ -479,7 +451,7 @@ def _count(report: AuditReport, expected: int) -> int:
     return min(broken) - 1 if broken else expected
 
 
-def _check_extension(report: AuditReport, cp: Checkpoint, stack: _MerkleStack) -> None:
+def _check_extension(report: AuditReport, cp: Checkpoint, stack: MerkleStack) -> None:
     """The current log must be a consistent extension of the checkpoint (R22)."""
     report.checks.append("checkpoint")
     assert stack.leaves is not None

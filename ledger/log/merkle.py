@@ -93,6 +93,35 @@ def root(leaf_hashes: Sequence[bytes]) -> bytes:
     return level[0]
 
 
+class MerkleStack:
+    """Streaming RFC 9162 root: O(log n) perfect subtrees, optionally every leaf."""
+
+    def __init__(self, keep_leaves: bool = False) -> None:
+        self.stack: list[tuple[int, bytes]] = []
+        self.leaves: list[bytes] | None = [] if keep_leaves else None
+
+    def add(self, leaf: bytes) -> None:
+        if self.leaves is not None:
+            self.leaves.append(leaf)
+        self.add_node(1, leaf)
+
+    def add_node(self, size: int, value: bytes) -> None:
+        """Append a perfect subtree of ``size`` leaves (aligned at the current end)."""
+        while self.stack and self.stack[-1][0] == size:
+            _, left = self.stack.pop()
+            value = node_hash(left, value)
+            size *= 2
+        self.stack.append((size, value))
+
+    def root(self) -> bytes:
+        if not self.stack:
+            return EMPTY_ROOT
+        value = self.stack[-1][1]
+        for _, left in reversed(self.stack[:-1]):
+            value = node_hash(left, value)
+        return value
+
+
 def subtree_root(leaf_hashes: Sequence[bytes], start: int, end: int) -> bytes:
     """MTH over ``leaf_hashes[start:end]``: the value a ``node(start, end)`` must return.
 

@@ -279,28 +279,6 @@ def _check_meaning(row: _Row, line: int) -> None:
             )
 
 
-class _MerkleStack:
-    """Streaming RFC 9162 root over event ids: O(log n) perfect subtrees."""
-
-    def __init__(self) -> None:
-        self.stack: list[tuple[int, bytes]] = []
-
-    def add(self, event: bytes) -> None:
-        size, value = 1, merkle.leaf_hash(event)
-        while self.stack and self.stack[-1][0] == size:
-            value = merkle.node_hash(self.stack.pop()[1], value)
-            size *= 2
-        self.stack.append((size, value))
-
-    def root(self) -> bytes:
-        if not self.stack:
-            return merkle.EMPTY_ROOT
-        value = self.stack[-1][1]
-        for _, left in reversed(self.stack[:-1]):
-            value = merkle.node_hash(left, value)
-        return value
-
-
 def import_jsonl(
     ledger: Ledger,
     lines: Iterable[bytes | str],
@@ -326,7 +304,7 @@ def import_jsonl(
     )
     copy_event, copy_chain = hasher(Purpose.EVENT_ID).copy, hasher(Purpose.CHAIN).copy
     u64 = _u64
-    tree = _MerkleStack()
+    tree = merkle.MerkleStack()
     last_version: dict[bytes, int] = {}
     chain, position, done = ZERO_CHAIN, 0, 0
     pending: list[tuple[Any, ...]] = []
@@ -399,7 +377,7 @@ def import_jsonl(
                         f"already; version {row.version} repeats or goes back",
                     )
                 last_version[row.aggregate] = row.version
-                tree.add(row.event_id)
+                tree.add(merkle.leaf_hash(row.event_id))
                 pending.append(
                     (
                         position,
