@@ -18,9 +18,11 @@ the sources.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from operator import itemgetter
 from typing import Any, Protocol
 
@@ -59,6 +61,18 @@ class AudienceView:
             "facts": self.facts,
         }
 
+    @cached_property
+    def body(self) -> bytes:
+        """The JSON document of ``to_json``, serialized once per verified view."""
+        return orjson.dumps(self.to_json())
+
+    @property
+    def etag(self) -> str:
+        """The HTTP validator: weak, from the audience's own digest, so that it confirms
+        this audience's content and never a body of other content (a 304 means "your
+        content is unchanged", even when the revision moved)."""
+        return f'W/"{self.audience_digest}"'
+
 
 @dataclass(frozen=True)
 class CatalogHead:
@@ -66,6 +80,7 @@ class CatalogHead:
     content_digest: str
 
 
+@lru_cache(maxsize=1 << 16)  # pure; runtimes ask for the same few audiences again and again
 def parse_audience(kind: str, ident: str) -> Audience:
     """Typed audience from its two parts; INVALID names which part is bad."""
     try:
@@ -91,6 +106,17 @@ def parse_revision(value: object, *, field: str = "min_revision") -> int | None:
     return int(text)
 
 
+def _at_least(found: AudienceView, min_revision: int | None) -> AudienceView:
+    if min_revision is not None and min_revision > found.revision:
+        raise Stale(
+            f"revision {min_revision} is required; the catalog is at {found.revision}",
+            axis="revision",
+            required_revision=min_revision,
+            served_revision=found.revision,
+        )
+    return found
+
+
 def _missing() -> Missing:
     return Missing(MISSING_MESSAGE)
 
@@ -112,23 +138,25 @@ def _live(name: str) -> str:
     return f"MAX(CASE WHEN name = X'{name.encode().hex()}' THEN live_version END)"
 
 
+def _position(name: str) -> str:
+    return f"MAX(CASE WHEN name = X'{name.encode().hex()}' THEN position END)"
+
+
 #: The whole read as one statement (one snapshot, one round trip): a one-row header
-#: (stopped flag and live versions of the three views, head revision, its digest,
-#: this audience's recorded digest) left-joined with the audience's grants in force,
-#: their facts and the packs' current activations, all by key on the physical view
+#: (stopped flag, code and live versions and positions of the four views, head revision,
+#: its digest, this audience's recorded digest) left-joined with the audience's grants in
+#: force, their facts and the packs' current activations, all by key on the physical view
 #: tables. Rows are put in bytewise order in Python (cheaper than a temp b-tree).
 _VIEW_SQL = """
 SELECT h.stopped, h.revision, r.content_digest, u.digest, h.cc, h.pc, h.ac, h.nc,
+       h.cv, h.pv, h.av, h.nv, h.cq, h.pq, h.aq, h.nq,
        g.pack, g.kind, g.{key}, g.credential_set, g.install_id, g.payload_hash,
        c.fact, c.fact_digest, a.install_id,
        a.epoch, a.payload_hash, n.status, n.epoch, n.applied_payload_hash
-FROM (SELECT s.stopped, s.cv, s.pv, s.av, s.nv, s.cc, s.pc, s.ac, s.nc,
+FROM (SELECT s.*,
              (SELECT MAX(revision) FROM view_catalog_revision WHERE view_version = s.cv)
                AS revision
-      FROM (SELECT MAX(stopped) AS stopped, {cat} AS cv, {comp} AS pv, {act} AS av,
-                   {gen} AS nv, {cat_code} AS cc, {comp_code} AS pc, {act_code} AS ac,
-                   {gen_code} AS nc
-            FROM projection_state WHERE name IN ({views})) s) h
+      FROM ({state}) s) h
 LEFT JOIN view_catalog_revision r ON r.view_version = h.cv AND r.revision = h.revision
 LEFT JOIN view_catalog_audience u
   ON u.view_version = h.cv AND u.audience_kind = {p} AND u.audience_id = {p}
@@ -144,10 +172,26 @@ LEFT JOIN view_pack_generation n
   ON n.view_version = h.nv AND n.pack = a.pack AND n.install_id = a.install_id
 """
 
-_VIEWS = ", ".join(
-    f"X'{n.encode().hex()}'"
-    for n in ("catalog", "pack_component", "pack_activation", "pack_generation")
-)
+#: The serving state (R18 with a cache): the served views' stopped flag, code and live
+#: versions and positions, in one row. The four views are inline (R20), so their
+#: positions move in every append transaction and a blue/green swap moves their live
+#: versions: while this row is unchanged, no revision was published, no activation or
+#: generation moved and no view was swapped or stopped, so a view verified at this
+#: state is still the one a full read would verify. One primary-key read of four rows.
+_STATE_SQL = """
+SELECT MAX(stopped) AS stopped, {cat_code} AS cc, {comp_code} AS pc, {act_code} AS ac,
+       {gen_code} AS nc, {cat} AS cv, {comp} AS pv, {act} AS av, {gen} AS nv,
+       {cat_pos} AS cq, {comp_pos} AS pq, {act_pos} AS aq, {gen_pos} AS nq
+FROM projection_state WHERE name IN ({views})
+"""
+
+_SHORT = {
+    "cat": "catalog",
+    "comp": "pack_component",
+    "act": "pack_activation",
+    "gen": "pack_generation",
+}
+_VIEWS = ", ".join(f"X'{n.encode().hex()}'" for n in _SHORT.values())
 
 _HEAD_SQL = """
 SELECT revision, content_digest FROM _System_CatalogRevision ORDER BY revision DESC LIMIT 1
@@ -164,23 +208,25 @@ class StatementStore(Protocol):
 class CatalogReader:
     """Reads audience views; every failure is typed (R19)."""
 
-    def __init__(self, store: StatementStore) -> None:
+    def __init__(self, store: StatementStore, *, cache_size: int = 4096) -> None:
         self.store = store
         p = "?" if store.is_sqlite else "%s"
         key = '"key"' if store.is_sqlite else "`key`"
-        self._view_sql = _VIEW_SQL.format(
-            p=p,
-            key=key,
+        self._state_sql = _STATE_SQL.format(
             views=_VIEWS,
-            cat=_live("catalog"),
-            comp=_live("pack_component"),
-            act=_live("pack_activation"),
-            gen=_live("pack_generation"),
-            cat_code=_code("catalog"),
-            comp_code=_code("pack_component"),
-            act_code=_code("pack_activation"),
-            gen_code=_code("pack_generation"),
+            **{
+                f"{short}{suffix}": column(name)
+                for short, name in _SHORT.items()
+                for suffix, column in (("", _live), ("_code", _code), ("_pos", _position))
+            },
         )
+        self._view_sql = _VIEW_SQL.format(p=p, key=key, state=self._state_sql)
+        #: Verified views by audience, each with the serving state it was verified at.
+        self._cache: dict[tuple[str, str], tuple[tuple[Any, ...], AudienceView]] = {}
+        self.cache_size = cache_size
+        #: Reads answered from the cache, and reads that ran the full statement.
+        self.hits = 0
+        self.misses = 0
 
     def head(self) -> CatalogHead:
         rows = self.store.query(_HEAD_SQL)
@@ -188,12 +234,51 @@ class CatalogReader:
             raise _missing()
         return CatalogHead(int(rows[0][0]), bytes(rows[0][1]).decode())
 
+    def serving_state(self) -> tuple[Any, ...]:
+        """The served views' state (``_STATE_SQL``): equal states serve equal views."""
+        return tuple(self.store.query(self._state_sql)[0])
+
     def view(self, audience: Audience, *, min_revision: int | None = None) -> AudienceView:
-        """The audience's facts at the head revision, verified, from one statement."""
+        """The audience's facts at the head revision, verified (R18, R19).
+
+        A view verified before is served again only after one cheap check that the
+        serving state (``_STATE_SQL``) has not moved since; otherwise, and the first
+        time, one statement reads and verifies it afresh."""
+        return self.view_at(audience, min_revision=min_revision)[0]
+
+    def view_at(
+        self, audience: Audience, *, min_revision: int | None = None
+    ) -> tuple[AudienceView, tuple[Any, ...]]:
+        """``view`` and the serving state it was verified at."""
+        pair = (audience.kind.value, str(audience.id))
+        cached = self._cache.get(pair)
+        if cached is not None and self.serving_state() == cached[0]:
+            self.hits += 1
+            state, found = cached
+        else:
+            self.misses += 1
+            state, found = self._read(audience, pair)
+        return _at_least(found, min_revision), state
+
+    def cached(
+        self, audience: Audience, state: tuple[Any, ...], *, min_revision: int | None = None
+    ) -> AudienceView | None:
+        """The view verified at ``state`` (a serving state read after the request began),
+        if this reader holds it; no I/O. ``None``: read it with ``view_at``."""
+        found = self._cache.get((audience.kind.value, str(audience.id)))
+        if found is None or found[0] != state:
+            return None
+        self.hits += 1
+        return _at_least(found[1], min_revision)
+
+    def _read(
+        self, audience: Audience, pair: tuple[str, str]
+    ) -> tuple[tuple[Any, ...], AudienceView]:
         kind, ident = audience.kind.value.encode(), audience.id.encode()
         rows = self.store.query(self._view_sql, (kind, ident, OPEN, kind, ident, OPEN))
-        stopped, revision, content, recorded = rows[0][:4]
-        for view, built_with in zip(_SERVED, rows[0][4:8], strict=True):
+        header = rows[0]
+        stopped, revision, content, recorded = header[:4]
+        for view, built_with in zip(_SERVED, header[4:8], strict=True):
             if built_with is not None and built_with != view.version:
                 raise code_mismatch(view.name, int(built_with), view.version)
         if stopped:
@@ -204,22 +289,52 @@ class CatalogReader:
             )
         if revision is None:
             raise _missing()
-        if min_revision is not None and min_revision > revision:
-            raise Stale(
-                f"revision {min_revision} is required; the catalog is at {revision}",
-                axis="revision",
-                required_revision=min_revision,
-                served_revision=int(revision),
-            )
         # Bytewise (pack, kind, key, credential set): the publisher's digest order (R3).
         # Both drivers return BLOBs as bytes, so the row slices are the cache key as is.
-        grants = tuple(sorted([row[8:] for row in rows if row[8] is not None], key=_GRANT_ORDER))
+        grants = tuple(
+            sorted([row[_GRANTS:] for row in rows if row[_GRANTS] is not None], key=_GRANT_ORDER)
+        )
         if not grants or recorded is None:
             raise _missing()
-        pair = (audience.kind.value, audience.id)
-        return _verified(pair, int(revision), bytes(content), bytes(recorded), grants)
+        found = _verified(pair, int(revision), bytes(content), bytes(recorded), grants)
+        if len(self._cache) >= self.cache_size and pair not in self._cache:
+            with suppress(StopIteration, KeyError, RuntimeError):  # another thread's eviction
+                del self._cache[next(iter(self._cache))]
+        state = (stopped, *header[4:_GRANTS])
+        self._cache[pair] = (state, found)
+        return state, found
+
+    def watch(
+        self,
+        audience: Audience,
+        *,
+        since: str | None = None,
+        interval: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Iterator[AudienceView]:
+        """The audience's view now and then each time its own content changes.
+
+        ``since`` is an audience digest already seen (that view is not yielded again).
+        Costs one serving-state read per ``interval`` and a view read only when that
+        state moved; a publication that changes other audiences only yields nothing.
+        A read that fails raises its typed error and ends the iteration (fail closed)."""
+        seen, state = since, None
+        while True:
+            current = self.serving_state()
+            if current != state:
+                found, state = self.view_at(audience)
+                if found.audience_digest != seen:
+                    seen = found.audience_digest
+                    yield found
+            sleep(interval)
+
+    def cache_hit_rate(self) -> float:
+        reads = self.hits + self.misses
+        return self.hits / reads if reads else 0.0
 
 
+#: Where a row's grant columns start (after the header).
+_GRANTS = 16
 _GRANT_ORDER = itemgetter(0, 1, 2, 3)
 
 

@@ -300,7 +300,7 @@ def _traced(monkeypatch: pytest.MonkeyPatch) -> Trace:
     statement returned."""
     trace = Trace(0, [], [])
     real_digest = token_digest
-    real_view = CatalogReader.view
+    real_view = CatalogReader.view_at
 
     def digest(token: str) -> bytes:
         trace.digests += 1
@@ -324,7 +324,7 @@ def _traced(monkeypatch: pytest.MonkeyPatch) -> Trace:
             del self.store.query
 
     monkeypatch.setattr(auth_module, "token_digest", digest)
-    monkeypatch.setattr(CatalogReader, "view", view)
+    monkeypatch.setattr(CatalogReader, "view_at", view)
     return trace
 
 

@@ -139,13 +139,13 @@ def test_r19_every_outcome_through_python_cli_and_http(
     }
 
 
-def test_r19_etag_is_the_content_digest_and_304_on_match(
+def test_r19_etag_is_weak_from_the_audience_digest_and_304_on_match(
     published: tuple[World, ServedStore],
 ) -> None:
     _, server = published
     first = server.view("integration:erp-sync")
     etag = first.headers["etag"]
-    assert etag == f'"{first.json()["content_digest"]}"'
+    assert etag == f'W/"{first.json()["audience_digest"]}"'
     again = server.client.get(first.request.url, headers={"If-None-Match": etag})
     assert again.status_code == 304 and again.content == b""
     head = server.client.get("/v1/catalog/head").json()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import ssl
 import tempfile
 from pathlib import Path
@@ -12,9 +13,10 @@ from typing import Any
 import click
 import orjson
 
-from domain.errors import UsageError
+from domain.errors import Unavailable, UsageError
 from ledger.cli.app import cli, emit, json_option, log_settings, store
 from ledger.http.metrics import MULTIPROC_ENV
+from ledger.http.watch import MAX_WAITERS
 from ledger.observability import FORMAT_ENV, LEVEL_ENV, LEVELS, configure
 
 #: Where ``serve --workers N`` tells its workers the store URL (``ledger.log.db.ENV_VAR``).
@@ -78,6 +80,25 @@ def view(audience: str, min_revision: str | None, at_revision: str | None, as_js
     emit(as_json, live.to_json(), human)
 
 
+def _port_is_free(host: str, port: int) -> None:
+    """UNAVAILABLE (exit 1) now, naming the address, when nothing could listen there."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise Unavailable(f"cannot listen on {host}:{port}: {exc}", host=host, port=port) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise Unavailable(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}", host=host, port=port
+            ) from None
+
+
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(min=0, max=65535), default=8080, show_default=True)
@@ -127,6 +148,18 @@ def view(audience: str, min_revision: str | None, at_revision: str | None, as_js
     help="Accept client certificates signed by this CA (PEM) as credentials: SAN URI "
     "catalog-ledger:audience:<kind>:<id>, the id percent-encoded.",
 )
+@click.option(
+    "--max-waiters",
+    type=click.IntRange(min=0),
+    default=MAX_WAITERS,
+    show_default=True,
+    help="Watches (`?wait=`) that may wait at once per worker; over it: 503 with Retry-After.",
+)
+@click.option(
+    "--docs",
+    is_flag=True,
+    help="Serve a self-contained /docs page (no outside assets) beside /openapi.json.",
+)
 @json_option
 def serve(
     host: str,
@@ -138,6 +171,8 @@ def serve(
     tls_cert: Path | None,
     tls_key: Path | None,
     tls_client_ca: Path | None,
+    max_waiters: int,
+    docs: bool,
     as_json: bool,
 ) -> None:
     """Serve audience views over HTTP or HTTPS (read only): /v1/audiences/{kind}/{id}/view,
@@ -146,7 +181,7 @@ def serve(
     --tls-client-ca, a client certificate naming the audience (R26)."""
     import uvicorn
 
-    from ledger.http.app import NO_AUTH_ENV, create_app
+    from ledger.http.app import DOCS_ENV, MAX_WAITERS_ENV, NO_AUTH_ENV, create_app
     from ledger.http.tls import TlsH11Protocol, server_context
 
     if no_auth and not is_loopback(host):
@@ -171,6 +206,7 @@ def serve(
                 "http": TlsH11Protocol,
             }
 
+    _port_is_free(host, port)
     log_format, log_level = log_settings()
     if serve_log_level is not None:
         log_level = serve_log_level
@@ -192,7 +228,7 @@ def serve(
     # log_config=None: uvicorn's loggers go through this invocation's handler (stderr).
     if workers == 1:
         uvicorn.run(
-            create_app(store().opener(), auth=not no_auth),
+            create_app(store().opener(), auth=not no_auth, max_waiters=max_waiters, docs=docs),
             host=host,
             port=port,
             log_level=log_level,
@@ -209,6 +245,8 @@ def serve(
             FORMAT_ENV: log_format,
             LEVEL_ENV: log_level,
             NO_AUTH_ENV: "1" if no_auth else "0",
+            MAX_WAITERS_ENV: str(max_waiters),
+            DOCS_ENV: "1" if docs else "0",
         }
         saved = {name: os.environ.get(name) for name in settings}
         os.environ.update(settings)

@@ -22,22 +22,32 @@ audience than the caller's answers as an unknown one (R19). ``/healthz`` and
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import html
 import os
+import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
+from functools import partial
+from types import FrameType
 from typing import Annotated, Any
+from urllib.parse import unquote_to_bytes
 
-from fastapi import Depends, FastAPI, Path, Query, Request
+import anyio.to_thread
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from domain.errors import (
     Conflict,
@@ -49,6 +59,7 @@ from domain.errors import (
     Unauthenticated,
     Unavailable,
 )
+from domain.identity import Audience
 from ledger.http.auth import (
     REFRESH_SECONDS,
     Authenticator,
@@ -58,11 +69,20 @@ from ledger.http.auth import (
     www_authenticate,
 )
 from ledger.http.metrics import HttpMetrics, MetricsMiddleware, StoreCollector, multiprocess_dir
+from ledger.http.serving import StateGate
 from ledger.http.tls import client_certificate
+from ledger.http.watch import (
+    MAX_WAIT,
+    MAX_WAITERS,
+    MIN_WAIT,
+    POLL_SECONDS,
+    WatchHub,
+    confirms,
+)
 from ledger.observability import configure_from_environment
 from ledger.store import contract
 from ledger.store.replica import replication, writable
-from projections.reader import CatalogReader, parse_audience, parse_revision
+from projections.reader import AudienceView, CatalogReader, parse_audience, parse_revision
 
 API_VERSION = "1"
 
@@ -93,6 +113,14 @@ _ID_SCHEMA: dict[str, Any] = {
 }
 _REVISION_DOC = "Serve only a catalog revision at least this high (else 409 STALE)."
 _REVISION_SCHEMA: dict[str, Any] = {"pattern": "^[0-9]{1,18}$"}
+_WAIT_DOC = (
+    "Watch: with `If-None-Match` matching the audience's current ETag, wait up to this "
+    "many seconds for its own content to change (200 with the new view), else 304."
+)
+_INM_DOC = (
+    'ETags seen (`W/"<audience digest>"`) or `*`: 304 when the audience\'s content is '
+    "unchanged, even when the revision moved."
+)
 
 _STATUS: list[tuple[type[LedgerError], int]] = [
     (Unauthenticated, 401),
@@ -165,6 +193,47 @@ class Health(BaseModel):
     schema_differences: list[dict[str, Any]] = []
 
 
+def _header(scope: Scope, name: bytes) -> str | None:
+    """One request header (ASGI gives names lower-cased), without building a mapping."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")  # type: ignore[no-any-return]
+    return None
+
+
+class _Prepared(Response):
+    """A response whose header block is already built (the view's is built once per
+    verified view, ``_view_headers``)."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes = b"") -> None:
+        self.status_code = status
+        self.raw_headers = headers
+        self.body = body
+        self.background = None
+
+
+#: Header blocks by verified view (the reader's cache keeps serving the same objects).
+_HEADERS: dict[int, tuple[AudienceView, list[tuple[bytes, bytes]]]] = {}
+
+
+def _view_headers(view: AudienceView) -> list[tuple[bytes, bytes]]:
+    found = _HEADERS.get(id(view))
+    if found is not None and found[0] is view:
+        return found[1]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(view.body)).encode()),
+        (b"etag", view.etag.encode()),
+    ]
+    if len(_HEADERS) >= 4096:
+        _HEADERS.clear()
+    _HEADERS[id(view)] = (view, headers)
+    return headers
+
+
+_NO_QUERY: dict[str, str] = {}
+
+
 def authenticated(
     request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
 ) -> Caller | None:
@@ -179,7 +248,7 @@ def authenticated(
     if authenticator is None:
         raise Unavailable("the read service has no store")
     return authenticator.authenticate(
-        request.headers.get("authorization"), client_certificate(request.scope)
+        _header(request.scope, b"authorization"), client_certificate(request.scope)
     )
 
 
@@ -206,12 +275,15 @@ def status_of(error: LedgerError) -> int:
 
 
 def _error(error: LedgerError) -> JSONResponse:
-    headers = (
-        {"WWW-Authenticate": www_authenticate(error)}
-        if isinstance(error, Unauthenticated)
-        else None
-    )
-    return JSONResponse(error.to_json(), status_code=status_of(error), headers=headers)
+    if isinstance(error, InvalidInput) and error.details.get("field") == "db":
+        # Not the request's fault: the store the server opened is gone (dropped, deleted).
+        error = Unavailable(f"the store is unavailable: {error.message}", **error.details)
+    headers = {}
+    if isinstance(error, Unauthenticated):
+        headers["WWW-Authenticate"] = www_authenticate(error)
+    if isinstance(error, Unavailable) and "retry_after" in error.details:
+        headers["Retry-After"] = str(error.details["retry_after"])
+    return JSONResponse(error.to_json(), status_code=status_of(error), headers=headers or None)
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -227,7 +299,22 @@ _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     },
     **_ERRORS,
 }
-#: Environment switch of ``serve --no-auth --workers N`` (read by each worker).
+_VIEW_PATH = "/v1/audiences/{kind}/{audience_id:anytext}/view"
+_VIEW_PARAMETERS: list[dict[str, Any]] = [
+    {"name": "kind", "in": "path", "required": True, "description": _KIND_DOC,
+     "schema": {"type": "string", **_KIND_SCHEMA}},
+    {"name": "audience_id", "in": "path", "required": True, "description": _ID_DOC,
+     "schema": {"type": "string", **_ID_SCHEMA}},
+    {"name": "min_revision", "in": "query", "required": False, "description": _REVISION_DOC,
+     "schema": {"type": "string", **_REVISION_SCHEMA}},
+    {"name": "wait", "in": "query", "required": False, "description": _WAIT_DOC,
+     "schema": {"type": "integer", "minimum": MIN_WAIT, "maximum": MAX_WAIT}},
+    {"name": "If-None-Match", "in": "header", "required": False, "description": _INM_DOC,
+     "schema": {"type": "string"}},
+]  # fmt: skip
+#: Environment switches of ``serve --workers N`` (read by each worker).
+MAX_WAITERS_ENV = "CATALOG_LEDGER_SERVE_MAX_WAITERS"
+DOCS_ENV = "CATALOG_LEDGER_SERVE_DOCS"
 NO_AUTH_ENV = "CATALOG_LEDGER_SERVE_NO_AUTH"
 _BEARER = HTTPBearer(
     auto_error=False,
@@ -247,12 +334,16 @@ def create_app(
     clock: Callable[[], float] = time.time,
     refresh_clock: Callable[[], float] = time.monotonic,
     credential_refresh: float = REFRESH_SECONDS,
+    max_waiters: int = MAX_WAITERS,
+    watch_poll: float = POLL_SECONDS,
+    docs: bool = False,
 ) -> FastAPI:
     """The ASGI app; ``ledger_factory`` opens the store (``None``: schema only).
 
     ``auth`` (the default) requires a credential's bearer token on every runtime read
     (R26); ``clock`` decides expiry and ``refresh_clock`` when the live credentials are
-    re-read (every ``credential_refresh`` seconds)."""
+    re-read (every ``credential_refresh`` seconds). At most ``max_waiters`` watches wait
+    at once (``ledger.http.watch``). ``docs`` serves a self-contained ``/docs`` page."""
     state: dict[str, Any] = {}
     stop = threading.Event()
 
@@ -270,6 +361,15 @@ def create_app(
             ledger = ledger_factory()
             state["ledger"] = ledger
             state["reader"] = CatalogReader(ledger.db)
+            if not ledger.db.is_sqlite:
+                state["gate"] = StateGate(state["reader"].serving_state)
+            state["watch"] = WatchHub(
+                state["reader"],
+                max_waiters=max_waiters,
+                poll=watch_poll,
+                counted=metrics.watchers.inc,
+            )
+            _release_waiters_on_exit(state["watch"])
             if auth:
                 cache = CredentialCache(
                     view_loader(ledger.db), refresh=credential_refresh, monotonic=refresh_clock
@@ -285,6 +385,8 @@ def create_app(
             yield
         finally:
             stop.set()
+            if "watch" in state:
+                state["watch"].close()
             if "ledger" in state:
                 state["ledger"].close()
 
@@ -293,13 +395,16 @@ def create_app(
         version=API_VERSION,
         description="Fail-closed audience views of the active catalog revision.",
         lifespan=lifespan,
+        docs_url=None,  # the stock pages load their assets from a CDN
+        redoc_url=None,
+        # No OpenTelemetry here (``/metrics`` is Prometheus): skip its per-request probe.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.auth_required = auth
     # Request metrics by route template and outcome; store gauges computed per scrape.
     metrics = HttpMetrics(
         StoreCollector(lambda: state.get("ledger")), multiprocess_dir=multiprocess_dir()
     )
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     @app.exception_handler(LedgerError)
     async def ledger_error(_: Request, exc: LedgerError) -> JSONResponse:
@@ -312,45 +417,97 @@ def create_app(
         return _error(InvalidInput(f"{field}: {first.get('msg', 'invalid')}", field=field))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "MISSING" if exc.status_code == 404 else "INVALID"
         body = {"error": code, "message": str(exc.detail), "details": {}}
-        return JSONResponse(body, status_code=exc.status_code)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method of every route of this path
+            headers["Allow"] = ", ".join(sorted(_allowed(app, request.scope)))
+        return JSONResponse(body, status_code=exc.status_code, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def internal(_: Request, exc: Exception) -> JSONResponse:
-        body = {"error": "ERROR", "message": f"internal error: {type(exc).__name__}", "details": {}}
-        return JSONResponse(body, status_code=503)
+        return _internal(exc)
 
     def reader() -> CatalogReader:
         if "reader" not in state:
             raise Unavailable("the read service has no store")
         found: CatalogReader = state["reader"]
+        gone = state["ledger"].db.vanished()
+        if gone is not None:  # never serve a store that is no longer there
+            raise Unavailable(f"the store is unavailable: {gone}")
         return found
 
-    @app.get(
-        "/v1/audiences/{kind}/{audience_id:anytext}/view",
-        response_model=View,
-        responses={304: {"description": "Not modified (ETag matches)"}, **_AUTH_ERRORS},
-    )
-    def view(
-        kind: Annotated[str, Path(description=_KIND_DOC, json_schema_extra=_KIND_SCHEMA)],
-        audience_id: Annotated[str, Path(description=_ID_DOC, json_schema_extra=_ID_SCHEMA)],
-        request: Request,
-        who: Authenticated,
-        min_revision: Annotated[
-            str | None, Query(description=_REVISION_DOC, json_schema_extra=_REVISION_SCHEMA)
-        ] = None,
-    ) -> Response:
+    async def view(request: Request) -> Response:
         """The audience's facts at the active catalog revision, verified. Another audience
-        than the token's answers exactly as an unknown audience does (R19, R26)."""
-        audience = parse_audience(kind, audience_id)
+        than the token's answers exactly as an unknown audience does (R19, R26). With
+        ``wait`` and a matching ``If-None-Match``, waits for the audience's own content
+        to change (``ledger.http.watch``)."""
+        who = authenticated(request, None)
+        audience = parse_audience(request.path_params["kind"], request.path_params["audience_id"])
+        if "\ufffd" in audience.id:  # perhaps bytes that are not UTF-8: judge the raw path
+            audience = parse_audience(audience.kind.value, _raw_path_id(request))
         target = audience if who is None else who.scope(audience)
-        result = reader().view(target, min_revision=parse_revision(min_revision))
-        etag = f'"{result.content_digest}"'
-        if etag in _etags(request.headers.get("if-none-match")):
-            return Response(status_code=304, headers={"ETag": etag})
-        return JSONResponse(result.to_json(), headers={"ETag": etag})
+        query = request.query_params if request.scope["query_string"] else _NO_QUERY
+        min_revision = parse_revision(query.get("min_revision"))
+        wait = parse_wait(query.get("wait"))
+        etags = _etags(_header(request.scope, b"if-none-match"))
+        found, seen = await read_view(target, min_revision)
+        if wait is not None and etags and confirms(found, etags):
+            changed = await watch_hub().wait(target, etags, wait, seen)
+            if changed is not None:
+                found = changed
+        if confirms(found, etags):
+            return _Prepared(304, [(b"etag", found.etag.encode())])
+        return _Prepared(200, _view_headers(found), found.body)
+
+    app.add_api_route(
+        _VIEW_PATH,
+        view,
+        methods=["GET"],
+        response_model=View,
+        responses={
+            304: {"description": "Not modified: the audience's content is unchanged"},
+            **_AUTH_ERRORS,
+            503: {
+                "model": ErrorBody,
+                "description": "UNAVAILABLE (too many waiters: "
+                "`Retry-After`; the store is unreachable)",
+            },
+        },
+        openapi_extra={"parameters": _VIEW_PARAMETERS, "security": [{"credential": []}]},
+    )
+    view_route = app.router.routes[-1]
+    assert isinstance(view_route, APIRoute)
+    app.add_api_route(_VIEW_PATH, view, methods=["HEAD"], include_in_schema=False)
+    # Inside the metrics middleware (added after it, so inner): GET and HEAD of the view
+    # skip the framework's routing and exception layers; any other method (405) or path
+    # goes through them.
+    app.add_middleware(ViewFastPath, route=view_route, handler=view)
+
+    async def read_view(
+        audience: Audience, min_revision: int | None
+    ) -> tuple[AudienceView, tuple[Any, ...]]:
+        """The verified view and its serving state: on SQLite, in line (a local read of
+        microseconds); over the network, through the shared state read of ``StateGate``
+        and, when the view must be read afresh, in a worker thread."""
+        catalog = reader()
+        gate: StateGate | None = state.get("gate")
+        if gate is None:
+            return catalog.view_at(audience, min_revision=min_revision)
+        seen = await gate.current()
+        found = catalog.cached(audience, seen, min_revision=min_revision)
+        if found is not None:
+            return found, seen
+        return await anyio.to_thread.run_sync(
+            partial(catalog.view_at, audience, min_revision=min_revision)
+        )
+
+    def watch_hub() -> WatchHub:
+        if "watch" not in state:
+            raise Unavailable("the read service has no store")
+        hub: WatchHub = state["watch"]
+        return hub
 
     @app.get(
         "/v1/catalog/head",
@@ -367,8 +524,7 @@ def create_app(
     def healthz() -> JSONResponse:
         """Log head, served catalog revision, projection lag and, on a replica, its
         replication state and lag; 503 when a view has stopped."""
-        if "ledger" not in state:
-            raise Unavailable("the read service has no store")
+        reader()  # UNAVAILABLE when the store is gone
         ledger = state["ledger"]
         status = ledger.runner.status(ledger.db)
         try:
@@ -408,7 +564,96 @@ def create_app(
         """Prometheus text format (``ledger.http.metrics``); not part of the API document."""
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees every request
+    if docs:
+        app.add_api_route("/docs", lambda: HTMLResponse(docs_page(app.openapi())),
+                          include_in_schema=False)  # fmt: skip
     return app
+
+
+class ViewFastPath:
+    """ASGI middleware answering ``GET`` and ``HEAD`` of the view route itself.
+
+    The view is the hot path of a runtime fleet: matching its template here and calling
+    its handler directly spares every read the router's scan, the exception middleware
+    and the framework's per-request scaffolding. It is the same handler, with the same
+    typed errors (``_error``) and the same ``scope["route"]`` for the metrics; the route
+    stays declared in the application for the OpenAPI document and a 405's ``Allow``."""
+
+    def __init__(
+        self, app: ASGIApp, route: APIRoute, handler: Callable[[Request], Awaitable[Response]]
+    ) -> None:
+        self.app = app
+        self.route = route
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = None
+        if scope["type"] == "http" and scope["method"] in ("GET", "HEAD"):
+            found = self.route.path_regex.match(scope["path"])
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = self.route
+        scope["path_params"] = found.groupdict()
+        response: Response
+        try:
+            response = await self.handler(Request(scope, receive))
+        except LedgerError as exc:
+            response = _error(exc)
+        except Exception as exc:  # as the application's last-resort handler answers
+            response = _internal(exc)
+        await response(scope, receive, send)
+
+
+def _internal(exc: Exception) -> JSONResponse:
+    body = {"error": "ERROR", "message": f"internal error: {type(exc).__name__}", "details": {}}
+    return JSONResponse(body, status_code=503)
+
+
+def _allowed(app: FastAPI, scope: Any) -> set[str]:
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, BaseRoute) and route.matches(scope)[0] != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return methods
+
+
+def _release_waiters_on_exit(hub: WatchHub) -> None:
+    """Answer every waiting watch as soon as the server is told to stop, so that waits
+    never delay a shutdown: uvicorn waits for open requests before it runs the
+    lifespan's shutdown. Chains to the handler uvicorn installed (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(signum)
+
+        def handler(sig: int, frame: FrameType | None, previous: Any = previous) -> None:
+            loop.call_soon_threadsafe(hub.close)
+            if callable(previous):
+                previous(sig, frame)
+
+        signal.signal(signum, handler)
+
+
+def docs_page(document: dict[str, Any]) -> str:
+    """A self-contained page (no outside assets, no script) describing the routes."""
+    rows = []
+    for path, operations in document.get("paths", {}).items():
+        for method, operation in operations.items():
+            summary = html.escape(operation.get("summary", ""))
+            text = html.escape(operation.get("description", ""))
+            rows.append(
+                f"<h2><code>{method.upper()} {html.escape(path)}</code></h2>"
+                f"<p><b>{summary}</b></p><pre>{text}</pre>"
+            )
+    title = html.escape(document["info"]["title"])
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head>"
+        f"<body><h1>{title}</h1><p><a href='/openapi.json'>OpenAPI document</a></p>"
+        f"{''.join(rows)}</body></html>"
+    )
 
 
 def app_from_environment() -> FastAPI:
@@ -418,13 +663,47 @@ def app_from_environment() -> FastAPI:
     from ledger.api import Store
 
     configure_from_environment()
-    return create_app(Store().opener(), auth=os.environ.get(NO_AUTH_ENV) != "1")
+    return create_app(
+        Store().opener(),
+        auth=os.environ.get(NO_AUTH_ENV) != "1",
+        max_waiters=int(os.environ.get(MAX_WAITERS_ENV, MAX_WAITERS)),
+        docs=os.environ.get(DOCS_ENV) == "1",
+    )
 
 
-def _etags(header: str | None) -> set[str]:
+def _etags(header: str | None) -> frozenset[str]:
+    """The validators of ``If-None-Match``, compared weakly (RFC 9110 section 13.1.2)."""
     if not header:
-        return set()
-    return {part.strip().removeprefix("W/") for part in header.split(",")}
+        return frozenset()
+    return frozenset(part.strip().removeprefix("W/") for part in header.split(","))
+
+
+def parse_wait(value: str | None) -> int | None:
+    """``wait`` seconds of a watch: an integer from 1 to 300, else INVALID naming it."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()) or not MIN_WAIT <= int(value) <= MAX_WAIT:
+        raise InvalidInput(
+            f"wait must be a whole number of seconds from {MIN_WAIT} to {MAX_WAIT}, got {value!r}",
+            field="wait",
+            part="wait",
+        )
+    return int(value)
+
+
+def _raw_path_id(request: Request) -> str:
+    """The audience id of the path from its exact bytes: Starlette replaces bytes that
+    are not UTF-8 by U+FFFD, while R1 ids are exact UTF-8 (INVALID naming the id)."""
+    raw: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
+    segments = raw.split(b"?", 1)[0].split(b"/")  # '', v1, audiences, kind, id..., view
+    try:
+        return unquote_to_bytes(b"/".join(segments[4:-1])).decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(
+            "audience id is invalid: it is not valid UTF-8 (percent-decoded)",
+            field="audience.id",
+            part="id",
+        ) from None
 
 
 def openapi_document() -> dict[str, Any]:

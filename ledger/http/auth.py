@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from domain.credentials import AUDIENCE_URI_PREFIX, parse_audience_uri, token_digest
@@ -85,6 +86,7 @@ def certificate_audience(pem: str) -> Audience:
         ) from None
 
 
+@lru_cache(maxsize=1 << 16)  # compared, not secret: computed once per audience
 def _audience_key(audience: Audience) -> bytes:
     return lp(audience.kind.value.encode(), str(audience.id).encode())
 

@@ -8,7 +8,8 @@ Two kinds of metric:
   route *template* (``/v1/audiences/{kind}/{audience_id}/view``) or
   ``unmatched``, never the raw path: no audience id ever becomes a label.
   ``outcome`` is ``ok``, ``not_modified``, the error code of an error
-  response (``MISSING``, ``STALE``, ``INVALID``…) or the status class.
+  response (``MISSING``, ``STALE``, ``INVALID``…) or the status class;
+  ``catalog_ledger_http_watchers``, the watches waiting now.
 - store gauges, computed from the store at scrape time (nothing to keep in
   step): ``catalog_ledger_log_head_position``, ``catalog_ledger_catalog_revision``,
   ``catalog_ledger_projection_lag_events{view}``,
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -139,6 +140,7 @@ class HttpMetrics:
         # In multiprocess mode the values live in the folder's files, summed at scrape;
         # otherwise in this app's own registry (never the process-wide default one).
         self.registry = None if multiprocess_dir else CollectorRegistry()
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.requests = Counter(
             "catalog_ledger_http_requests",
             "HTTP requests served, by route template and outcome.",
@@ -152,12 +154,22 @@ class HttpMetrics:
             buckets=_BUCKETS,
             registry=self.registry,
         )
+        self.watchers = Gauge(
+            "catalog_ledger_http_watchers",
+            "Watches (`?wait=`) waiting now, summed over the workers.",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
         if self.registry is not None:
             self.registry.register(store)
 
     def observe(self, route: str, outcome: str, seconds: float) -> None:
-        self.requests.labels(route, outcome).inc()
-        self.duration.labels(route).observe(seconds)
+        children = self._children.get((route, outcome))
+        if children is None:  # a few route templates and outcomes: looked up once each
+            children = (self.requests.labels(route, outcome), self.duration.labels(route))
+            self._children[(route, outcome)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def exposition(self) -> bytes:
         """Every metric in the Prometheus text format."""

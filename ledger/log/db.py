@@ -125,10 +125,26 @@ class Database:
     _local: threading.local = field(default_factory=threading.local, repr=False)
     _held: list[Any] = field(default_factory=list, repr=False)
     _held_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: A SQLite store's file and its (device, inode) when it was opened.
+    sqlite_file: tuple[Path, int, int] | None = None
 
     @property
     def is_sqlite(self) -> bool:
         return self.dialect == "sqlite"
+
+    def vanished(self) -> str | None:
+        """Why a SQLite store is no longer the file it was opened as (removed or replaced
+        while open connections still read the old one), else ``None``."""
+        if self.sqlite_file is None:
+            return None
+        path, device, inode = self.sqlite_file
+        try:
+            found = path.stat()
+        except OSError:
+            return f"the store's file {path} was removed"
+        if (found.st_dev, found.st_ino) != (device, inode):
+            return f"the store's file {path} was replaced by another file"
+        return None
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
@@ -217,12 +233,17 @@ def open_database(url_text: str, *, pool_size: int = 5, create: bool = True) -> 
                 path=str(path),
             )
         engine = _sqlite_engine(url)
+        opened = None
+        with suppress(OSError):
+            found = path.stat()
+            opened = (path.resolve(), found.st_dev, found.st_ino)
         return Database(
             engine=engine,
             dialect=dialect,
             display_url=display,
             read_engine=engine,
             url=url.render_as_string(hide_password=False),
+            sqlite_file=opened,
         )
 
     def mysql_engine(isolation: str, *, pre_ping: bool = True, overflow: int = pool_size) -> Engine:
