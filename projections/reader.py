@@ -297,11 +297,12 @@ class CatalogReader:
         if not grants or recorded is None:
             raise _missing()
         found = _verified(pair, int(revision), bytes(content), bytes(recorded), grants)
-        if len(self._cache) >= self.cache_size and pair not in self._cache:
-            with suppress(StopIteration, KeyError, RuntimeError):  # another thread's eviction
-                del self._cache[next(iter(self._cache))]
         state = (stopped, *header[4:_GRANTS])
-        self._cache[pair] = (state, found)
+        if self.cache_size > 0:
+            if len(self._cache) >= self.cache_size and pair not in self._cache:
+                with suppress(StopIteration, KeyError, RuntimeError):  # a concurrent eviction
+                    del self._cache[next(iter(self._cache))]
+            self._cache[pair] = (state, found)
         return state, found
 
     def watch(
