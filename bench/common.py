@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import pymysql
 from sqlalchemy.engine import make_url
 
@@ -44,3 +47,20 @@ def mysql_scratch(url: str, prefix: str = "bench_") -> Iterator[tuple[str, str]]
     finally:
         with mysql_connect(url) as conn, conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(base: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(base + "/healthz", timeout=2)
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise SystemExit("server did not start")

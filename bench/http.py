@@ -49,8 +49,7 @@ from urllib.parse import quote
 
 import httpx
 
-from bench.common import DEFAULT_MYSQL, mysql_scratch
-from bench.read import _free_port, _wait
+from bench.common import DEFAULT_MYSQL, free_port, mysql_scratch, wait_http
 from ledger.api import Store
 from projections.reader import AudienceView
 
@@ -188,7 +187,7 @@ def _server(command: list[str], env: dict[str, str], port: int) -> Iterator[str]
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait(base)
+        wait_http(base)
         yield base
     finally:
         process.terminate()
@@ -223,7 +222,7 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> lis
     # The peer answers with what serve sends for the first audience.
     path, token, etag = targets[0]
     answers = {}
-    port = _free_port()
+    port = free_port()
     with _server([CLI, "--db", url, "serve", "--port", str(port)], {}, port) as base:
         for name, extra in (("200", {}), ("304", {"If-None-Match": etag})):
             r = httpx.get(base + path, headers={"Authorization": f"Bearer {token}", **extra})
@@ -243,7 +242,7 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> lis
     rows = []
     for workers in args.workers:
         figures: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        port_s, port_p = _free_port(), _free_port()
+        port_s, port_p = free_port(), free_port()
         serve_cmd = [
             CLI, "--db", url, "serve", "--port", str(port_s), "--workers", str(workers),
         ]  # fmt: skip

@@ -8,33 +8,26 @@ random audiences:
   reader        - CatalogReader.view: one statement, fail-closed checks, fact and
                   audience digests recomputed (cached by exact stored input); the
                   process GC is tuned as `catalog-ledger serve` tunes it
-  HTTP          - GET /v1/audiences/{kind}/{id}/view against `catalog-ledger serve`
-                  on loopback, from a concurrent load generator (threads)
-Prints p50/p99 latency, reads/s and the reader/raw p99 ratio.
+Prints p50/p99 latency, reads/s, the cache hit rate and the reader/raw p99 ratios,
+warm (the reader's cache of verified views) and cold (none). HTTP under load is
+`bench.http`.
 
 Usage:
-  python -m bench.read [--engines sqlite,mariadb] [--reads 5000] [--http-seconds 10]
-                       [--clients 8]
+  python -m bench.read [--engines sqlite,mariadb] [--reads 5000] [--repeat 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
-
-import httpx
 
 from bench.common import DEFAULT_MYSQL, mysql_scratch
 from domain.identity import Audience
@@ -109,39 +102,6 @@ def timed(fn: Callable[[], Any], count: int) -> tuple[list[float], float]:
     return samples, time.perf_counter() - started
 
 
-def http_load(
-    base: str, audiences: list[str], seconds: float, clients: int
-) -> tuple[list[float], float]:
-    samples: list[float] = []
-    lock = threading.Lock()
-    deadline = time.monotonic() + seconds
-    failures: list[str] = []
-
-    def client() -> None:
-        rng = random.Random()
-        mine: list[float] = []
-        with httpx.Client(base_url=base, timeout=30) as http:
-            while time.monotonic() < deadline:
-                ident = rng.choice(audiences)
-                t = time.perf_counter()
-                response = http.get(f"/v1/audiences/integration/{quote(ident, safe='')}/view")
-                mine.append(time.perf_counter() - t)
-                if response.status_code != 200:
-                    failures.append(f"{response.status_code} {response.text[:200]}")
-        with lock:
-            samples.extend(mine)
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failures:
-        raise SystemExit(f"HTTP failures: {failures[:3]}")
-    return samples, time.perf_counter() - started
-
-
 def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> None:
     from bench.publish import setup_store
 
@@ -193,38 +153,7 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> Non
         f"  ratio reader p99 / raw p99         {reader_p99 / raw_p99:7.2f}  (median of block p99s)"
     )
     print(f"  ratio cold p99 / raw p99           {cold_p99 / raw_p99:7.2f}")
-    port = _free_port()
-    server = subprocess.Popen(
-        [CLI, "--db", url, "serve", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        _wait(base)
-        http_samples, http_elapsed = http_load(base, audiences, args.http_seconds, args.clients)
-        report(f"HTTP, {args.clients} concurrent clients", http_samples, http_elapsed)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     db.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait(base: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(base + "/healthz", timeout=2)
-            return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise SystemExit("server did not start")
 
 
 def main() -> None:
@@ -233,8 +162,6 @@ def main() -> None:
     )
     parser.add_argument("--engines", default="sqlite,mariadb")
     parser.add_argument("--reads", type=int, default=5000)
-    parser.add_argument("--http-seconds", type=float, default=10.0)
-    parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=4, help="Alternating blocks per reader.")
     parser.add_argument(
         "--mysql-url",
@@ -243,7 +170,7 @@ def main() -> None:
     args = parser.parse_args()
     print(
         "read benchmark: latency per view read, percentiles over "
-        f"{args.reads} reads (reader, raw) and {args.http_seconds:.0f} s of HTTP load"
+        f"{args.reads} reads (reader warm and cold, raw)"
     )
     engines = args.engines.split(",")
     if "sqlite" in engines:
