@@ -9,7 +9,8 @@ Starlette and with the same uvicorn settings:
            audience's bearer token), reading a random audience's view per request
   peer   - a minimal Starlette endpoint that answers every request with the bytes
            (body and headers) `serve` sends for one of those audiences: what the
-           stack costs with no application work at all
+           stack costs with no application work at all (uvicorn with the protocol
+           `serve` runs, ``ledger.http.protocol.NoDelayH11Protocol``)
 
 The load generator is `wrk` (installed with apt-get when missing), driven by a Lua
 script that sends the very same requests to both: a random audience's path and
@@ -250,7 +251,7 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> lis
             sys.executable, "-c",
             "import uvicorn; uvicorn.run('bench.http:peer_app', factory=True, "
             f"host='127.0.0.1', port={port_p}, workers={workers}, log_level='warning', "
-            "log_config=None)",
+            "log_config=None, http='ledger.http.protocol:NoDelayH11Protocol')",
         ]  # fmt: skip
         peer_env = {PEER_ENV: str(folder / "peer.json")}
         with (

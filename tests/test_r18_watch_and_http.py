@@ -344,3 +344,46 @@ def test_r19_no_docs_page_unless_asked_and_none_loads_outside_assets() -> None:
     assert "/v1/audiences/{kind}/{audience_id}/view" in page.text
     assert "<script" not in page.text and "http://" not in page.text
     assert "https://" not in page.text and "<link" not in page.text
+
+
+def test_r19_serve_connections_run_with_nagle_off_on_a_protocol_0_listener() -> None:
+    """``serve --workers N`` listens on a socket uvicorn binds with protocol 0, on whose
+    connections asyncio leaves Nagle on (a 40 ms delayed-ACK stall per response): the
+    protocol ``serve`` runs turns it off. uvicorn's own protocol is the control."""
+    from uvicorn.config import Config
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.server import ServerState
+
+    from ledger.http.protocol import NoDelayH11Protocol
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    async def nodelay_of(protocol: type[H11Protocol]) -> int:
+        config = Config(app, log_config=None)
+        config.load()
+        seen: list[int] = []
+
+        class Probe(protocol):  # type: ignore[valid-type,misc]
+            def connection_made(self, transport: Any) -> None:
+                super().connection_made(transport)
+                sock = transport.get_extra_info("socket")
+                seen.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+        listener = socket.socket(socket.AF_INET)  # protocol 0, as uvicorn --workers binds
+        listener.bind(("127.0.0.1", 0))
+        state = ServerState()
+        server = await asyncio.get_running_loop().create_server(
+            lambda: Probe(config=config, server_state=state, app_state={}), sock=listener
+        )
+        _, writer = await asyncio.open_connection(*listener.getsockname())
+        for _ in range(200):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+        return seen[0]
+
+    assert asyncio.run(nodelay_of(NoDelayH11Protocol)) != 0
+    assert asyncio.run(nodelay_of(H11Protocol)) == 0  # the stall this protocol removes

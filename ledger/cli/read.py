@@ -182,6 +182,7 @@ def serve(
     import uvicorn
 
     from ledger.http.app import DOCS_ENV, MAX_WAITERS_ENV, NO_AUTH_ENV, create_app
+    from ledger.http.protocol import NoDelayH11Protocol
     from ledger.http.tls import TlsH11Protocol, server_context
 
     if no_auth and not is_loopback(host):
@@ -193,14 +194,15 @@ def serve(
         raise UsageError("--tls-cert and --tls-key go together")
     if tls_client_ca is not None and tls_cert is None:
         raise UsageError("--tls-client-ca needs --tls-cert and --tls-key (HTTPS)")
-    tls: dict[str, Any] = {}
+    # uvicorn settings: its h11 protocol with Nagle off (``ledger.http.protocol``), TLS.
+    options: dict[str, Any] = {"http": NoDelayH11Protocol}
     if tls_cert is not None and tls_key is not None:
         server_context(tls_cert, tls_key, tls_client_ca)  # INVALID naming the file, now
-        tls = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
+        options |= {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
         if tls_client_ca is not None:
             # Optional: token-only clients keep working; a certificate that is sent is
             # verified by the handshake, and handed to the app by TlsH11Protocol.
-            tls |= {
+            options |= {
                 "ssl_ca_certs": str(tls_client_ca),
                 "ssl_cert_reqs": ssl.CERT_OPTIONAL,
                 "http": TlsH11Protocol,
@@ -220,7 +222,7 @@ def serve(
     if no_auth:
         auth = "none"
     listening = {
-        "url": f"{'https' if tls else 'http'}://{host}:{port}",
+        "url": f"{'https' if tls_cert is not None else 'http'}://{host}:{port}",
         "db": store().db.display_url,
         "auth": auth,
     }
@@ -233,7 +235,7 @@ def serve(
             port=port,
             log_level=log_level,
             log_config=None,
-            **tls,
+            **options,
         )
         return
     # Several workers: uvicorn imports the app in each of them, configured through the
@@ -259,7 +261,7 @@ def serve(
                 port=port,
                 log_level=log_level,
                 log_config=None,
-                **tls,
+                **options,
             )
         finally:
             for name, value in saved.items():

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from domain.errors import InvalidInput
+from ledger.http.protocol import NoDelayH11Protocol
 
 
-class TlsH11Protocol(H11Protocol):
+class TlsH11Protocol(NoDelayH11Protocol):
     """uvicorn's h11 protocol, plus the ASGI TLS extension with the client certificate."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
