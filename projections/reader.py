@@ -18,6 +18,7 @@ the sources.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
@@ -224,6 +225,8 @@ class CatalogReader:
         #: Verified views by audience, each with the serving state it was verified at.
         self._cache: dict[tuple[str, str], tuple[tuple[Any, ...], AudienceView]] = {}
         self.cache_size = cache_size
+        #: This thread's last serving state and the data version it was read at (SQLite).
+        self._thread = threading.local()
         #: Reads answered from the cache, and reads that ran the full statement.
         self.hits = 0
         self.misses = 0
@@ -235,8 +238,21 @@ class CatalogReader:
         return CatalogHead(int(rows[0][0]), bytes(rows[0][1]).decode())
 
     def serving_state(self) -> tuple[Any, ...]:
-        """The served views' state (``_STATE_SQL``): equal states serve equal views."""
-        return tuple(self.store.query(self._state_sql)[0])
+        """The served views' state (``_STATE_SQL``): equal states serve equal views.
+
+        On SQLite, the state read last on this thread is reused while the connection's
+        ``data_version`` is unchanged (no other connection committed since): one pragma
+        instead of the statement."""
+        version_of = getattr(self.store, "data_version", None)
+        version = version_of() if version_of is not None else None
+        memo = self._thread
+        if version is not None and getattr(memo, "version", None) == version:
+            found: tuple[Any, ...] = memo.state
+            return found
+        state = tuple(self.store.query(self._state_sql)[0])
+        if version is not None:
+            memo.version, memo.state = version, state
+        return state
 
     def view(self, audience: Audience, *, min_revision: int | None = None) -> AudienceView:
         """The audience's facts at the head revision, verified (R18, R19).

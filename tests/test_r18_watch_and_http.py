@@ -387,3 +387,42 @@ def test_r19_serve_connections_run_with_nagle_off_on_a_protocol_0_listener() -> 
 
     assert asyncio.run(nodelay_of(NoDelayH11Protocol)) != 0
     assert asyncio.run(nodelay_of(H11Protocol)) == 0  # the stall this protocol removes
+
+
+def test_r18_a_cached_view_is_never_served_past_a_commit_of_any_connection(
+    world: World,
+) -> None:
+    """The reader reuses a verified view only while the serving state is unchanged, and
+    (SQLite) reuses the state itself only while no other connection has committed: a
+    release by this process's writer or by another process is seen by the next read."""
+    commit = world.release({"sales/pack.json": sales_pack(1, stamp_all=True, ping=True)})
+    _release(world, commit)
+    reader = CatalogReader(world.db)
+    first = reader.view(Audience.parse(A))
+    assert reader.view(Audience.parse(A)) is first  # unchanged: the kept view
+    _release(world, commit, a_cred="erp-test")  # this process, its write connection
+    second = reader.view(Audience.parse(A))
+    assert (second.revision, second.audience_digest != first.audience_digest) == (2, True)
+    manifest = world.manifest(
+        [world.official("sales", commit)], sales_closure(A) + sales_closure(B, "erp-test")
+    )
+    code, _ = cli_json("--db", world.url, "apply", str(manifest))  # another Store
+    assert code == 0
+    third = reader.view(Audience.parse(A))
+    assert third.revision == 3 and third.audience_digest == first.audience_digest
+    statements: list[str] = []
+    real = world.db.query
+
+    def counted(sql: str, params: Any = ()) -> list[Any]:
+        statements.append(sql)
+        return real(sql, params)
+
+    world.db.query = counted  # type: ignore[method-assign]
+    try:
+        assert reader.view(Audience.parse(A)) is third
+    finally:
+        del world.db.query
+    if world.db.is_sqlite:  # nothing committed since: not even the state statement ran
+        assert statements == []
+    else:
+        assert len(statements) == 1

@@ -187,6 +187,20 @@ class Database:
                         raise
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def data_version(self) -> int | None:
+        """SQLite: ``PRAGMA data_version`` of this thread's statement connection, which
+        changes whenever another connection (of any process) commits to the file; a
+        reader may reuse what it read while it is unchanged. ``None`` on other engines."""
+        if not self.is_sqlite:
+            return None
+        with translate_errors():
+            cursor = self._statement_connection().cursor()
+            try:
+                cursor.execute("PRAGMA data_version")
+                return int(cursor.fetchone()[0])
+            finally:
+                cursor.close()
+
     def _statement_connection(self) -> Any:
         raw = getattr(self._local, "raw", None)
         if raw is None:
