@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -261,18 +262,20 @@ def open_database(url_text: str, *, pool_size: int = 5, create: bool = True) -> 
         )
 
     def mysql_engine(isolation: str, *, pre_ping: bool = True, overflow: int = pool_size) -> Engine:
-        return sa.create_engine(
+        engine = sa.create_engine(
             url,
             isolation_level=isolation,
             pool_size=pool_size,
             max_overflow=overflow,
-            pool_pre_ping=pre_ping,
             pool_recycle=3600,
             # Every transaction is ended explicitly (commit or rollback) by
             # `write`/`read`, so the pool's extra ROLLBACK round trip is not needed.
             pool_reset_on_return=None,
             connect_args={"connect_timeout": 5, "read_timeout": 600, "write_timeout": 600},
         )
+        if pre_ping:
+            _ping_when_idle(engine)
+        return engine
 
     return Database(
         engine=mysql_engine("READ COMMITTED"),
@@ -284,6 +287,33 @@ def open_database(url_text: str, *, pool_size: int = 5, create: bool = True) -> 
         statement_engine=mysql_engine("AUTOCOMMIT", pre_ping=False, overflow=64),
         url=url.render_as_string(hide_password=False),
     )
+
+
+#: A pooled connection unused for longer than this is pinged before it is handed out.
+IDLE_PING_SECONDS = 5.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Ping a pooled connection at checkout only when it sat idle ``IDLE_PING_SECONDS``.
+
+    A server restart, a failover or ``wait_timeout`` leaves idle connections dead, and
+    the ping finds them before a transaction does (the pool then opens a fresh one). A
+    connection checked in moments ago is as alive as a ping would show, so the hot path
+    (one append after another, one read after another) pays no ping round trip; a
+    connection lost since is reported by its first statement (UNAVAILABLE)."""
+
+    @sa.event.listens_for(engine, "checkin")
+    def checkin(dbapi_connection: Any, record: Any) -> None:
+        record.info["checked_in"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        last = record.info.get("checked_in")
+        if last is not None and time.monotonic() - last > IDLE_PING_SECONDS:
+            try:
+                dbapi_connection.ping(reconnect=False)
+            except Exception as exc:  # the pool retries with a new connection
+                raise sa.exc.DisconnectionError(str(exc)) from exc
 
 
 def _sqlite_engine(url: URL) -> Engine:
