@@ -142,3 +142,28 @@ def test_r22_four_processes_append_gapless_commit_ordered_chain(engine_url: str)
     assert len({(r.aggregate_id, r.version) for r in rows}) == 2000
     assert first_chain_break(rows) is None
     database.close()
+
+
+def test_r8_appends_small_and_past_the_packet_split_chain_identically(db: Database) -> None:
+    """On the MySQL family an append sends its rows and the head in one multi-statement
+    packet up to ``_PACKET`` bytes and splits bigger ones: both chain and count alike,
+    and a duplicate version is CONFLICT with nothing written either way."""
+    from eventsourcing.persistence import StoredEvent
+
+    from ledger.log import recorder as recorder_module
+
+    recorder = LedgerRecorder(db)
+    big = b"x" * (recorder_module._PACKET // 2 + 1)
+    agg = uuid4()
+    small = [StoredEvent(agg, v, "note.added v1", b'{"n":%d}' % v) for v in (1, 2, 3)]
+    large = [StoredEvent(agg, v, "note.added v1", big) for v in (4, 5, 6)]
+    recorder.insert_events(small)
+    recorder.insert_events(large)
+    head = recorder.head()
+    assert head.position == 6
+    assert first_chain_break(recorder.iter_rows()) is None
+    assert [r.version for r in recorder.iter_rows()] == [1, 2, 3, 4, 5, 6]
+    for batch in ([StoredEvent(agg, 6, "note.added v1", b"{}")], large[2:]):
+        with pytest.raises(Conflict):
+            recorder.insert_events(batch)
+        assert recorder.head() == head

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import pymysql
 import sqlalchemy as sa
+from pymysql.constants import CLIENT
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
@@ -261,7 +262,9 @@ def open_database(url_text: str, *, pool_size: int = 5, create: bool = True) -> 
             sqlite_file=opened,
         )
 
-    def mysql_engine(isolation: str, *, pre_ping: bool = True, overflow: int = pool_size) -> Engine:
+    def mysql_engine(
+        isolation: str, *, pre_ping: bool = True, overflow: int = pool_size, flags: int = 0
+    ) -> Engine:
         engine = sa.create_engine(
             url,
             isolation_level=isolation,
@@ -271,14 +274,23 @@ def open_database(url_text: str, *, pool_size: int = 5, create: bool = True) -> 
             # Every transaction is ended explicitly (commit or rollback) by
             # `write`/`read`, so the pool's extra ROLLBACK round trip is not needed.
             pool_reset_on_return=None,
-            connect_args={"connect_timeout": 5, "read_timeout": 600, "write_timeout": 600},
+            connect_args={
+                "connect_timeout": 5,
+                "read_timeout": 600,
+                "write_timeout": 600,
+                # SQLAlchemy's own FOUND_ROWS (matched-row counts) is kept beside extras.
+                **({"client_flag": CLIENT.FOUND_ROWS | flags} if flags else {}),
+            },
         )
         if pre_ping:
             _ping_when_idle(engine)
         return engine
 
     return Database(
-        engine=mysql_engine("READ COMMITTED"),
+        # Multi-statement packets for the writer: an append sends its rows and the head
+        # update in one round trip (``LedgerRecorder``); every value is escaped by the
+        # driver, nothing is ever spliced in from input.
+        engine=mysql_engine("READ COMMITTED", flags=CLIENT.MULTI_STATEMENTS),
         dialect=dialect,
         display_url=display,
         read_engine=mysql_engine("REPEATABLE READ"),

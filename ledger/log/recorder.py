@@ -48,6 +48,9 @@ Precommit = Callable[[Connection], None]
 InlineHook = Callable[[Connection, Sequence[LoggedEvent]], None]
 
 _FENCE_CHUNK = 400
+#: Appends up to this many bytes of SQL go in one multi-statement packet (PyMySQL's
+#: own split size for executemany, far below any server's max_allowed_packet).
+_PACKET = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -105,10 +108,11 @@ class LedgerRecorder(ApplicationRecorder):
         self._sql_lock_head = f"SELECT position, chain FROM {hd} WHERE id = 1" + (
             "" if db.is_sqlite else " FOR UPDATE"
         )
-        self._sql_insert = (
+        self._sql_insert_into = (
             f"INSERT INTO {ev} (position, aggregate_id, version, topic, state, event_id, chain)"
-            f" VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p})"
         )
+        self._sql_values = f"({p}, {p}, {p}, {p}, {p}, {p}, {p})"
+        self._sql_insert = f"{self._sql_insert_into} VALUES {self._sql_values}"
         self._sql_update_head = f"UPDATE {hd} SET position = {p}, chain = {p} WHERE id = 1"
         self._sql_max_versions = (
             f"SELECT aggregate_id, MAX(version) FROM {ev} WHERE aggregate_id IN ({{ids}})"
@@ -156,15 +160,7 @@ class LedgerRecorder(ApplicationRecorder):
                     precommit(conn)
                 rows = self._chain(stored_events, start.position, start.chain)
                 if rows:
-                    try:
-                        cursor.executemany(self._sql_insert, [_row_params(r) for r in rows])
-                        crashpoint("append:rows-inserted")
-                    except (sqlite3.IntegrityError, pymysql.err.IntegrityError) as exc:
-                        raise Conflict(
-                            "an event with the same aggregate id and version already exists",
-                            rule="R11",
-                        ) from exc
-                    cursor.execute(self._sql_update_head, (rows[-1].position, rows[-1].chain))
+                    self._insert(cursor, rows)
             finally:
                 cursor.close()
             for hook in self.inline_hooks:
@@ -173,6 +169,37 @@ class LedgerRecorder(ApplicationRecorder):
         crashpoint("append:committed")
         head = Head(rows[-1].position, rows[-1].chain) if rows else start
         return AppendResult(rows=rows, head=head)
+
+    def _insert(self, cursor: Any, rows: list[LoggedEvent]) -> None:
+        """Insert the rows and move the head past them (the head row is locked).
+
+        On the MySQL family both go in one multi-statement packet: one round trip
+        instead of two (the driver escapes every value; the writer's connections have
+        multi-statements on, ``ledger.log.db``); bigger appends use the driver's split
+        executemany. SQLite runs in process: two calls."""
+        params = [_row_params(r) for r in rows]
+        head = (rows[-1].position, rows[-1].chain)
+        try:
+            values = (
+                ""
+                if self.db.is_sqlite
+                else ", ".join(cursor.mogrify(self._sql_values, p) for p in params)
+            )
+            if self.db.is_sqlite or len(values) > _PACKET:
+                cursor.executemany(self._sql_insert, params)  # the driver splits big ones
+                crashpoint("append:rows-inserted")
+                cursor.execute(self._sql_update_head, head)
+                return
+            update = cursor.mogrify(self._sql_update_head, head)
+            cursor.execute(f"{self._sql_insert_into} VALUES {values}; {update}")
+            crashpoint("append:rows-inserted")
+            while cursor.nextset():  # the UPDATE's result: its errors surface here
+                pass
+        except (sqlite3.IntegrityError, pymysql.err.IntegrityError) as exc:
+            raise Conflict(
+                "an event with the same aggregate id and version already exists",
+                rule="R11",
+            ) from exc
 
     @staticmethod
     def _fence_versions(
