@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from domain.canonical import canonical_bytes
+from domain.canonical import canonical_bytes_trusted
 from domain.content import hash_problem
 from domain.digests import Purpose, digest
 from domain.identity import identity_problem
@@ -87,7 +87,11 @@ class LifecycleAuditor:
         preparing = [i for i, g in pack.generations.items() if g.status == "preparing"]
         if preparing:
             return f"prepared while attempt {preparing[0]} is still preparing (R12)"
-        expected = "v1:" + digest(Purpose.PAYLOAD_V1, canonical_bytes(d["components"])).hex()
+        # The components were parsed from the stored JSON, so every leaf is a JSON value:
+        # their canonical bytes need no Python-level walk, and any non-canonical value
+        # (a float) simply fails to match the recorded hash.
+        components = canonical_bytes_trusted(d["components"])
+        expected = "v1:" + digest(Purpose.PAYLOAD_V1, components).hex()
         if d["payload_hash"] != expected:
             return "the payload hash does not match the generation's components (R9)"
         source = d["source"]
@@ -125,7 +129,7 @@ class LifecycleAuditor:
         stored = legacy["applied_payload_hash"]
         if hash_problem(stored) is not None:
             return "adoption without a usable legacy payload hash (R7)"
-        v0 = "v0:" + hashlib.sha256(canonical_bytes(d["components"])).hexdigest()
+        v0 = "v0:" + hashlib.sha256(canonical_bytes_trusted(d["components"])).hexdigest()
         if stored not in (d["payload_hash"], v0):
             return "adoption whose content the legacy payload hash does not prove (R7)"
         return None
