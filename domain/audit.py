@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,13 +59,21 @@ class LifecycleAuditor:
         self.catalog_digest: str | None = None
         #: credential id -> (audience kind, audience id, issued at, revoked at or None).
         self.credentials: dict[str, tuple[str, str, int, int | None]] = {}
+        #: Event type name -> its transition check (``None``: no rule), looked up once.
+        self._handlers: dict[str, Callable[[dict[str, Any]], str | None] | None] = {}
 
     def _pack(self, name: str) -> _Pack:
-        return self.packs.setdefault(name, _Pack())
+        pack = self.packs.get(name)
+        if pack is None:
+            pack = self.packs[name] = _Pack()
+        return pack
 
     def feed(self, name: str, data: dict[str, Any]) -> str | None:
         """The problem with event type ``name``, or ``None`` when the transition is legal."""
-        handler = getattr(self, "_" + name.replace(".", "_"), None)
+        try:
+            handler = self._handlers[name]
+        except KeyError:
+            handler = self._handlers[name] = getattr(self, "_" + name.replace(".", "_"), None)
         if handler is None:
             return None
         try:
