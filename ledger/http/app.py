@@ -480,9 +480,9 @@ def create_app(
     view_route = app.router.routes[-1]
     assert isinstance(view_route, APIRoute)
     app.add_api_route(_VIEW_PATH, view, methods=["HEAD"], include_in_schema=False)
-    # Inside the metrics middleware (added after it, so inner): GET and HEAD of the view
-    # skip the framework's routing and exception layers; any other method (405) or path
-    # goes through them.
+    # Added before the metrics middleware, so inside it: GET and HEAD of the view skip
+    # the framework's routing and exception layers; any other method (405) or path goes
+    # through them.
     app.add_middleware(ViewFastPath, route=view_route, handler=view)
 
     async def read_view(
