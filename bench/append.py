@@ -6,8 +6,13 @@ the timing), so the figures compare recorders, not mappers:
   stock   - eventsourcing's own SQLite application recorder (SQLite only)
   popo    - eventsourcing's in-memory recorder (reference, no durability)
   raw     - DBAPI executemany INSERT of the same bytes into an equivalent table
+  eventsourcing-sqlalchemy - the stock recorder of the ``eventsourcing-sqlalchemy``
+            package on MariaDB (when it is installed; skipped with the reason if not)
 Workloads: single-event commits, and 100-event batches (one commit each).
-Each figure is the median of --repeat runs, each on a fresh database.
+Every run is on a fresh database. After one warm-up run of each peer, the peers
+alternate (ledger, stock, raw, ledger, stock, raw, ...) for --repeat rounds and
+each figure is the median; the engine's durability settings are printed first and
+one SUMMARY line per headline ratio last.
 
 Usage:
   python -m bench.append [--events 2000] [--repeat 5] [--engines sqlite,mariadb]
@@ -17,9 +22,11 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
+import importlib.metadata
 import secrets
 import sqlite3
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +37,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import AggregateRecorder, InfrastructureFactory, Mapper, StoredEvent
 
-from bench.common import DEFAULT_MYSQL, mysql_connect, mysql_scratch
+from bench.common import DEFAULT_MYSQL, alternate, durability, mysql_connect, mysql_scratch, summary
 from ledger.log.db import open_database
 from ledger.log.recorder import LedgerRecorder
 from ledger.log.transcoder import OrjsonTranscoder
@@ -198,6 +205,51 @@ def _mysql_raw(url: str, name: str, events: Events, batch: int) -> float:
         conn.close()
 
 
+def esa_available() -> str | None:
+    """Why the ``eventsourcing-sqlalchemy`` peer cannot run here, or ``None`` if it can."""
+    try:
+        version = importlib.metadata.version("eventsourcing-sqlalchemy")
+        importlib.import_module("eventsourcing_sqlalchemy")
+    except (ImportError, importlib.metadata.PackageNotFoundError) as exc:
+        return f"eventsourcing-sqlalchemy is not installed ({exc})"
+    stock = importlib.metadata.version("eventsourcing")
+    if not stock.startswith("9."):
+        return f"eventsourcing-sqlalchemy {version} needs eventsourcing 9, found {stock}"
+    return None
+
+
+def esa_note() -> str:
+    """The installed ``eventsourcing-sqlalchemy`` and what it declares it needs."""
+    version = importlib.metadata.version("eventsourcing-sqlalchemy")
+    wants = [
+        r
+        for r in importlib.metadata.requires("eventsourcing-sqlalchemy") or []
+        if r.lower().startswith(("sqlalchemy ", "sqlalchemy(", "sqlalchemy>", "eventsourcing"))
+    ]
+    found = ", ".join(
+        f"{n} {importlib.metadata.version(n)}" for n in ("eventsourcing", "SQLAlchemy")
+    )
+    return f"eventsourcing-sqlalchemy {version} (declares {'; '.join(wants)}; running with {found})"
+
+
+def mysql_esa(url: str, events: Events, batch: int) -> float:
+    """``eventsourcing-sqlalchemy``'s application recorder on a fresh MariaDB database."""
+    with mysql_scratch(url) as (scratch_url, _):
+        recorder = _stock_recorder(
+            {
+                "PERSISTENCE_MODULE": "eventsourcing_sqlalchemy",
+                "SQLALCHEMY_URL": scratch_url,
+                "CREATE_TABLE": "y",
+            }
+        )
+        try:
+            return _timed_batches(recorder.insert_events, events, batch)
+        finally:
+            engine = getattr(getattr(recorder, "datastore", None), "engine", None)
+            if engine is not None:
+                engine.dispose()
+
+
 def mysql_durability(url: str) -> str:
     with mysql_connect(url) as conn, conn.cursor() as cur:
         cur.execute("SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@version")
@@ -207,77 +259,122 @@ def mysql_durability(url: str) -> str:
 
 # -- report -----------------------------------------------------------------------------
 
-
-def median_rate(
-    measure: Callable[[Events, int], float], events: Events, batch: int, repeat: int
-) -> float:
-    return statistics.median(measure(events, batch) for _ in range(repeat))
+STOCK = "stock eventsourcing SQLite recorder"
+POPO = "stock eventsourcing POPO (reference)"
+RAW = "raw executemany"
+ESA = "eventsourcing-sqlalchemy"
+Peer = Callable[[Events, int], float]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--events", type=int, default=2000)
+    parser.add_argument("--events", type=int, default=2000, help="single-event commits per run")
+    parser.add_argument(
+        "--batch-events", type=int, default=None, help="events per batched run (5x --events)"
+    )
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--engines", default="sqlite,mariadb")
-    parser.add_argument(
-        "--mysql-url",
-        default=DEFAULT_MYSQL,
-    )
+    parser.add_argument("--mysql-url", default=DEFAULT_MYSQL)
+    parser.add_argument("--no-esa", action="store_true", help="skip eventsourcing-sqlalchemy")
     args = parser.parse_args()
     engines = args.engines.split(",")
-    print(f"append benchmark: {args.events} events per run, median of {args.repeat} runs")
+    batch_events = args.batch_events or args.events * 5
+    print(
+        f"append benchmark: {args.events} single-event commits / {batch_events} batched events "
+        f"per run; one warm-up run of each peer, then {args.repeat} alternating rounds, medians"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         if "sqlite" in engines:
-            print(
-                f"\nSQLite (ledger: WAL, synchronous=FULL; stock: {stock_synchronous(folder)};"
-                " raw: WAL, synchronous=FULL)"
-            )
-            _report_engine(
+            print("\nSQLite")
+            durability(f"sqlite:///{folder / 'durability.db'}", "ledger")
+            print(f"durability (stock, sqlite): {stock_synchronous(folder)}")
+            print("durability (raw, sqlite): journal_mode=wal, synchronous=FULL")
+            rates = _report_engine(
                 {
                     "ledger": lambda it, b: sqlite_ledger(folder, it, b),
-                    "stock eventsourcing SQLite recorder": lambda it, b: sqlite_stock(
-                        folder, it, b
-                    ),
-                    "stock eventsourcing POPO (reference)": popo,
-                    "raw executemany": lambda it, b: sqlite_raw(folder, it, b),
+                    STOCK: lambda it, b: sqlite_stock(folder, it, b),
+                    POPO: popo,
+                    RAW: lambda it, b: sqlite_raw(folder, it, b),
                 },
                 args.events,
+                batch_events,
                 args.repeat,
-                stock="stock eventsourcing SQLite recorder",
             )
+            _summaries("sqlite", rates, {RAW: (">=0.85", ">=0.85"), STOCK: (">=1.0", None)})
         if "mariadb" in engines:
-            print(
-                f"\nMariaDB ({mysql_durability(args.mysql_url)}; stock eventsourcing has no "
-                "MySQL recorder)"
-            )
-            _report_engine(
-                {
-                    "ledger": lambda it, b: mysql_ledger(args.mysql_url, it, b),
-                    "raw executemany": lambda it, b: mysql_raw(args.mysql_url, it, b),
-                },
-                args.events,
-                args.repeat,
-                stock=None,
-            )
+            print("\nMariaDB")
+            with mysql_scratch(args.mysql_url) as (scratch, _):
+                durability(scratch, "ledger")
+            print(f"durability (raw, mariadb): {mysql_durability(args.mysql_url)}, autocommit off")
+            peers: dict[str, Peer] = {
+                "ledger": lambda it, b: mysql_ledger(args.mysql_url, it, b),
+                RAW: lambda it, b: mysql_raw(args.mysql_url, it, b),
+            }
+            why = "--no-esa" if args.no_esa else esa_available()
+            if why is None:
+                print(
+                    f"durability ({ESA}, mariadb): the same server, SQLAlchemy default "
+                    f"isolation (REPEATABLE READ); {esa_note()}"
+                )
+                peers[ESA] = lambda it, b: mysql_esa(args.mysql_url, it, b)
+            else:
+                print(f"skipped peer {ESA}: {why}")
+            rates = _report_engine(peers, args.events, batch_events, args.repeat)
+            _summaries("mariadb", rates, {RAW: (">=0.85", ">=0.75"), ESA: (None, None)})
 
 
 def _report_engine(
-    peers: dict[str, Callable[[Events, int], float]], events: int, repeat: int, stock: str | None
-) -> None:
-    for label, batch in (("single-event commits", 1), (f"{BATCH}-event batches", BATCH)):
-        count = events if batch == 1 else events * 5
+    peers: dict[str, Peer], events: int, batch_events: int, repeat: int
+) -> dict[str, dict[str, float]]:
+    """Median events/s per workload label and peer, the peers alternating."""
+    out: dict[str, dict[str, float]] = {}
+    for label, batch, count in (
+        ("single-event commits", 1, events),
+        (f"{BATCH}-event batches", BATCH, batch_events),
+    ):
         workload = stored_events(count)
-        rates = {name: median_rate(fn, workload, batch, repeat) for name, fn in peers.items()}
-        print(f"  {label} ({count} events):")
-        for name, rate in rates.items():
-            print(f"    {name:<40} {rate:>12,.0f} events/s")
-        ours = rates["ledger"]
-        print(f"    ratio ledger / raw executemany       {ours / rates['raw executemany']:>12.2f}")
-        if stock is not None:
-            print(f"    ratio ledger / stock eventsourcing   {ours / rates[stock]:>12.2f}")
+        measured = alternate(
+            {name: functools.partial(fn, workload, batch) for name, fn in peers.items()},
+            repeat=repeat,
+        )
+        out[label] = {name: m.median for name, m in measured.items()}
+        print(f"  {label} ({count} events, median of {repeat} after a warm-up):")
+        for name, m in measured.items():
+            spread = ", ".join(f"{v:,.0f}" for v in m.samples)
+            print(f"    {name:<40} {m.median:>12,.0f} events/s   [{spread}]")
+        ours = out[label]["ledger"]
+        for name in peers:
+            if name not in ("ledger", POPO):
+                print(f"    ratio ledger / {name:<34} {ours / out[label][name]:>6.2f}")
+    return out
+
+
+def _summaries(
+    engine: str,
+    rates: dict[str, dict[str, float]],
+    targets: dict[str, tuple[str | None, str | None]],
+) -> None:
+    """SUMMARY lines: batches and single commits against each peer (batch, single target)."""
+    for label, index in ((f"{BATCH}-event batches", 0), ("single-event commits", 1)):
+        for peer, target in targets.items():
+            if peer not in rates[label]:
+                continue
+            if index == 1 and peer not in (RAW,):
+                continue
+            summary(
+                bench="append",
+                figure=label,
+                engine=engine,
+                workers=1,
+                value=rates[label]["ledger"],
+                unit="events/s",
+                peer=peer,
+                peer_value=rates[label][peer],
+                target=target[index],
+            )
 
 
 if __name__ == "__main__":

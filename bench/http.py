@@ -50,7 +50,14 @@ from urllib.parse import quote
 
 import httpx
 
-from bench.common import DEFAULT_MYSQL, free_port, mysql_scratch, wait_http
+from bench.common import (
+    DEFAULT_MYSQL,
+    durability,
+    free_port,
+    mysql_scratch,
+    summary,
+    wait_http,
+)
 from ledger.api import Store
 from projections.reader import AudienceView
 
@@ -240,6 +247,7 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> lis
         f"{args.connections} connections, {args.seconds:.0f} s per run, "
         f"median of {args.repeat} after a warm-up"
     )
+    durability(url)
     rows = []
     for workers in args.workers:
         figures: dict[tuple[str, str], list[tuple[float, float]]] = {}
@@ -277,6 +285,17 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> lis
             )
             print(line, flush=True)
             rows.append(line)
+            summary(
+                bench="http",
+                figure=f"serve {status}s, authentication on",
+                engine=label.lower(),
+                workers=workers,
+                value=serve_rate,
+                unit="reads/s",
+                peer="static-bytes endpoint, same stack",
+                peer_value=peer_rate,
+                target=">=0.7",
+            )
     return rows
 
 

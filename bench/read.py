@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEFAULT_MYSQL, mysql_scratch
+from bench.common import DEFAULT_MYSQL, durability, mysql_scratch, summary
 from domain.identity import Audience
 from ledger.commands.service import CommandService
 from ledger.http.app import tune_gc_for_serving
@@ -114,44 +114,51 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> Non
         f"\n{label}: {sizes['audiences']} audiences, {sizes['bindings']} bindings, "
         f"{sizes['packs']} packs"
     )
+    durability(db)
     reader = CatalogReader(db)
     tune_gc_for_serving()  # as `catalog-ledger serve` does, for both peers alike
+    cold = CatalogReader(db, cache_size=0)  # no serving cache: every read runs the statement
     with raw_select(db) as raw:
-        for a in audiences:  # warm-up: every audience once, for both (the steady state)
+        for a in audiences:  # warm-up: every audience once, for each (the steady state)
             raw("integration", a)
             reader.view(Audience.of("integration", a))
-        raw_samples, raw_elapsed = timed(
-            lambda: raw("integration", rng.choice(audiences)), args.reads
-        )
-    raw_p99 = report("raw indexed SELECT (DBAPI)", raw_samples, raw_elapsed)
-    cold = CatalogReader(db, cache_size=0)  # no serving cache: every read runs the statement
-    for a in audiences[:200]:
-        cold.view(Audience.of("integration", a))
-    reader.hits = reader.misses = 0
-    # Alternating blocks of the warm and the cold reader (A B A B), medians of the p99s.
-    warm_p99s: list[float] = []
-    cold_p99s: list[float] = []
-    warm_all: list[float] = []
-    cold_all: list[float] = []
-
-    def one(who: CatalogReader) -> Callable[[], Any]:
-        return lambda: who.view(Audience.of("integration", rng.choice(audiences)))
-
-    for _ in range(args.repeat):
-        for who, samples, p99s in ((reader, warm_all, warm_p99s), (cold, cold_all, cold_p99s)):
-            got, _ = timed(one(who), args.reads // args.repeat)
-            samples.extend(got)
-            p99s.append(percentile(got, 0.99))
-    elapsed_warm, elapsed_cold = sum(warm_all), sum(cold_all)
-    reader_p99 = statistics.median(warm_p99s) * 1000
-    cold_p99 = statistics.median(cold_p99s) * 1000
-    report("Python reader, warm cache", warm_all, elapsed_warm)
-    report("Python reader, cold (no cache)", cold_all, elapsed_cold)
+            cold.view(Audience.of("integration", a))
+        reader.hits = reader.misses = 0
+        # Alternating blocks (raw, warm, cold, raw, warm, cold, ...): medians of block p99s.
+        peers: dict[str, Callable[[], Any]] = {
+            "raw": lambda: raw("integration", rng.choice(audiences)),
+            "warm": lambda: reader.view(Audience.of("integration", rng.choice(audiences))),
+            "cold": lambda: cold.view(Audience.of("integration", rng.choice(audiences))),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in peers}
+        p99s: dict[str, list[float]] = {name: [] for name in peers}
+        for _ in range(args.repeat):
+            for name, fn in peers.items():
+                got, _ = timed(fn, args.reads // args.repeat)
+                samples[name].extend(got)
+                p99s[name].append(percentile(got, 0.99))
+    raw_p99, reader_p99, cold_p99 = (statistics.median(p99s[n]) * 1000 for n in peers)
+    report("raw indexed SELECT (DBAPI)", samples["raw"], sum(samples["raw"]))
+    report("Python reader, warm cache", samples["warm"], sum(samples["warm"]))
+    report("Python reader, cold (no cache)", samples["cold"], sum(samples["cold"]))
     print(f"  cache hit rate (warm reader)       {reader.cache_hit_rate():7.1%}")
     print(
         f"  ratio reader p99 / raw p99         {reader_p99 / raw_p99:7.2f}  (median of block p99s)"
     )
     print(f"  ratio cold p99 / raw p99           {cold_p99 / raw_p99:7.2f}")
+    engine = "sqlite" if db.is_sqlite else "mariadb"
+    for figure, p99 in (("reader p99, warm cache", reader_p99), ("reader p99, cold", cold_p99)):
+        summary(
+            bench="read",
+            figure=figure,
+            engine=engine,
+            workers=1,
+            value=p99,
+            unit="ms",
+            peer="raw indexed SELECT p99",
+            peer_value=raw_p99,
+            target="<=1.5" if "warm" in figure else None,
+        )
     db.close()
 
 
