@@ -17,7 +17,7 @@ import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -197,13 +197,19 @@ class PackContent:
         return [c.to_json() for c in self.components]
 
     def canonical_bytes(self) -> bytes:
+        return self._canonical
+
+    # Content is immutable: its canonical bytes and hashes are computed once (an apply
+    # asks for them at several steps, for every pack of the manifest).
+    @cached_property
+    def _canonical(self) -> bytes:
         return canonical_bytes(self.canonical_set())
 
-    @property
+    @cached_property
     def payload_hash_v1(self) -> str:
         return "v1:" + digest(Purpose.PAYLOAD_V1, self.canonical_bytes()).hex()
 
-    @property
+    @cached_property
     def payload_hash_v0(self) -> str:
         return "v0:" + hashlib.sha256(self.canonical_bytes()).hexdigest()
 

@@ -217,7 +217,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             prior = self.recorded(reader, cid, "apply", request_digest)
             if prior is not None:
                 return cast(ApplyResult, {**prior, "replayed": True})
-            states = {p: reader.pack_state(p) for p in _names(resolved, manifest)}
+            states = reader.pack_states(_names(resolved, manifest))
             catalog = read_snapshot(self.ledger, reader.conn)
             lease = reader.lease(WRITER_LEASE)
             abandoned = {pack for pack, _ in preparing_generations(reader.conn)}
@@ -270,7 +270,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         cid = decided.cid
         with self.ledger.snapshot() as reader:
             prior = self.recorded(reader, cid, "apply", request_digest)
-            states = {p: reader.pack_state(p) for p in decided.states}
+            states = reader.pack_states(decided.states)
         if prior is not None:  # an identical copy finished between our read and our lease
             return cast(ApplyResult, {**prior, "replayed": True})
         plan = self._plan(resolved, states, manifest)
@@ -312,7 +312,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
     ) -> ApplyResult:
         """The final append of a release: activations + bindings + revision + record."""
         with self.ledger.snapshot() as reader:
-            states = {p: reader.pack_state(p) for p in _names(resolved, None, plan)}
+            states = reader.pack_states(_names(resolved, None, plan))
             catalog = read_snapshot(self.ledger, reader.conn)
             release = self._release(
                 resolved, plan, states, catalog, desired, candidates=candidates, publish=publish

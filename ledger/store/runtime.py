@@ -7,12 +7,13 @@ inside one connection, so a decision is made on one consistent snapshot
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, Snapshot
+from eventsourcing.persistence import StoredEvent
 from eventsourcing.utils import get_topic
 from sqlalchemy.engine import Connection
 
@@ -85,6 +86,74 @@ class LogReader:
                 aggregate_id=str(aggregate),
             )
         return result
+
+    def get_many(self, wanted: Mapping[UUID, type[Aggregate]]) -> dict[UUID, Aggregate | None]:
+        """``get`` of many aggregates, their events read in a few statements (one per
+        ``_MANY`` ids) instead of one statement each."""
+        found: dict[UUID, Aggregate | None] = dict.fromkeys(wanted)
+        by_id: dict[UUID, list[StoredEvent]] = {}
+        for stored in self.ledger.recorder.select_events_of(self.conn, list(wanted)):
+            by_id.setdefault(stored.originator_id, []).append(stored)  # type: ignore[arg-type]
+        for aggregate, events in by_id.items():
+            result: Any = None
+            for item in events:
+                result = cast(Any, self._mapper.to_domain_event(item)).mutate(result)
+            cls = wanted[aggregate]
+            if not isinstance(result, cls):
+                raise IntegrityFailure(
+                    f"aggregate {aggregate} is a {type(result).__name__}, expected {cls.__name__}",
+                    aggregate_id=str(aggregate),
+                )
+            found[aggregate] = result
+        return found
+
+    def pack_states(self, packs: Iterable[PackName]) -> dict[PackName, PackState]:
+        """``pack_state`` of every pack in ``packs``, read in bulk (two rounds: the
+        per-pack aggregates, then the generations they name)."""
+        names = list(dict.fromkeys(packs))
+        first: dict[UUID, type[Aggregate]] = {}
+        for pack in names:
+            first[history_id(pack)] = PackHistory
+            first[activation_id(pack)] = PackActivation
+            first[legacy_id(pack)] = LegacyRecord
+            first[local_id(pack)] = LocalPack
+        got = self.get_many(first)
+        second: dict[UUID, type[Aggregate]] = {}
+        for pack in names:
+            history = cast(PackHistory | None, got[history_id(pack)])
+            activation = cast(PackActivation | None, got[activation_id(pack)])
+            if history is not None:
+                second[generation_id(pack, history.newest)] = Generation
+            if activation is not None and activation.install_id is not None:
+                second[generation_id(pack, activation.install_id)] = Generation
+        got.update(self.get_many(second))
+        states = {}
+        for pack in names:
+            history = cast(PackHistory | None, got[history_id(pack)])
+            activation = cast(PackActivation | None, got[activation_id(pack)])
+            newest = (
+                cast(Generation | None, got[generation_id(pack, history.newest)])
+                if history
+                else None
+            )
+            active: Generation | None = None
+            if activation is not None and activation.install_id is not None:  # not removed
+                if newest is not None and newest.install_id == activation.install_id:
+                    active = newest
+                else:
+                    active = cast(
+                        Generation | None, got[generation_id(pack, activation.install_id)]
+                    )
+            states[pack] = PackState(
+                pack=pack,
+                legacy=cast(LegacyRecord | None, got[legacy_id(pack)]),
+                local=cast(LocalPack | None, got[local_id(pack)]),
+                activation=activation,
+                history=history,
+                newest=newest,
+                active=active,
+            )
+        return states
 
     def pack_state(self, pack: PackName) -> PackState:
         history = self.get(history_id(pack), PackHistory)
