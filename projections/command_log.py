@@ -7,13 +7,23 @@ to every append.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
 from domain.event_types import T_RECORDED
 from ledger.log.sqltypes import BigInt, Binary, enc
-from projections.framework import Projection, RowStore, ViewEvent, view_table
+from projections.framework import (
+    Key,
+    Projection,
+    Replayer,
+    RowStore,
+    RowTuple,
+    ViewEvent,
+    ViewTable,
+    view_table,
+)
 
 COMMAND_LOG = view_table(
     "_System_CommandLog",
@@ -45,3 +55,34 @@ class CommandLogView(Projection):
                 "position": event.position,
             },
         )
+
+    def replayer(self, view_version: int) -> Replayer:
+        return _CommandLogReplay(view_version)
+
+
+if COMMAND_LOG.columns != ("command_id", "kind", "request_digest", "position"):
+    raise AssertionError("_CommandLogReplay assumes the column order of COMMAND_LOG")
+
+
+class _CommandLogReplay(Replayer):
+    """``CommandLogView.apply`` as a rebuild kernel (same rows, as tuples)."""
+
+    def __init__(self, view_version: int) -> None:
+        super().__init__(view_version)
+        self.rows: dict[Key, RowTuple] = {}
+        rows, vv = self.rows, view_version
+
+        def recorded(position: int, d: dict[str, Any]) -> None:
+            command_id = enc(d["command_id"])
+            rows[(command_id,)] = (
+                vv,
+                command_id,
+                enc(d["kind"]),
+                enc(d["request_digest"]),
+                position,
+            )
+
+        self.handlers = {T_RECORDED: recorded}
+
+    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
+        return [(COMMAND_LOG, self.rows)]

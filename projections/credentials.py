@@ -10,16 +10,25 @@ the expiry and readers decide (``domain.credentials.status_at``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from domain.event_types import T_CREDENTIAL_ISSUED, T_CREDENTIAL_REVOKED
 from ledger.log.sqltypes import BigInt, Binary, dec, enc
-from projections.framework import Projection, RowStore, ViewEvent, view_table
+from projections.framework import (
+    Key,
+    Projection,
+    Replayer,
+    RowStore,
+    RowTuple,
+    ViewEvent,
+    ViewTable,
+    view_table,
+)
 from projections.queries import require_running
 
 CREDENTIAL = view_table(
@@ -73,6 +82,56 @@ class CredentialView(Projection):
             CREDENTIAL,
             {**row, "revoked_at_us": int(d["revoked_at_us"]), "position": event.position},
         )
+
+    def replayer(self, view_version: int) -> Replayer:
+        return _CredentialReplay(view_version)
+
+
+_CREDENTIAL_COLUMNS = (
+    "credential_id",
+    "audience_kind",
+    "audience_id",
+    "token_digest",
+    "issued_at_us",
+    "expires_at_us",
+    "revoked_at_us",
+    "position",
+)
+if CREDENTIAL.columns != _CREDENTIAL_COLUMNS:
+    raise AssertionError("_CredentialReplay assumes the column order of CREDENTIAL")
+
+
+class _CredentialReplay(Replayer):
+    """``CredentialView.apply`` as a rebuild kernel; rows are lists (``view_version`` first)."""
+
+    def __init__(self, view_version: int) -> None:
+        super().__init__(view_version)
+        self.rows: dict[Key, list[Any]] = {}
+        rows, vv = self.rows, view_version
+
+        def issued(position: int, d: dict[str, Any]) -> None:
+            credential_id = enc(d["credential_id"])
+            rows[(credential_id,)] = [
+                vv,
+                credential_id,
+                enc(d["audience_kind"]),
+                enc(d["audience_id"]),
+                bytes.fromhex(d["token_digest"]),
+                int(d["issued_at_us"]),
+                d["expires_at_us"],
+                None,
+                position,
+            ]
+
+        def revoked(position: int, d: dict[str, Any]) -> None:
+            row = rows[(enc(d["credential_id"]),)]  # KeyError: apply names the poison event
+            row[7] = int(d["revoked_at_us"])
+            row[8] = position
+
+        self.handlers = {T_CREDENTIAL_ISSUED: issued, T_CREDENTIAL_REVOKED: revoked}
+
+    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
+        return [(CREDENTIAL, self.rows)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
 from domain.canonical import canonical_bytes_trusted
 from domain.content import fact_hasher
+from domain.digests import Purpose, hasher, lp, u64
 from domain.event_types import (
     T_ACTIVATED,
     T_ADVANCED,
@@ -36,7 +38,16 @@ from domain.event_types import (
 )
 from domain.lifecycle import GenerationStatus, SourceKind
 from ledger.log.sqltypes import BigInt, Binary, Blob, enc
-from projections.framework import Projection, RowStore, ViewEvent, view_table
+from projections.framework import (
+    Key,
+    Projection,
+    Replayer,
+    RowStore,
+    RowTuple,
+    ViewEvent,
+    ViewTable,
+    view_table,
+)
 
 
 def _opt(value: str | None) -> bytes | None:
@@ -134,6 +145,9 @@ class InstalledPackView(Projection):
             }
         rows.put(INSTALLED_PACK, row)
 
+    def replayer(self, view_version: int) -> Replayer:
+        return _InstalledPackReplay(view_version)
+
     @staticmethod
     def _local(d: dict[str, Any], install_id: bytes) -> dict[str, Any]:
         return {
@@ -147,6 +161,107 @@ class InstalledPackView(Projection):
             "status": _ACTIVE,
             "epoch": None,
         }
+
+
+def _columns_are(table: ViewTable, *names: str) -> None:
+    """The kernels below write rows positionally: pin the column order they assume."""
+    if table.columns != names:
+        raise AssertionError(f"{table.name}: columns {table.columns}, a kernel assumes {names}")
+
+
+_columns_are(
+    INSTALLED_PACK,
+    "pack",
+    "install_id",
+    "category",
+    "source_kind",
+    "locator",
+    "revision",
+    "applied_payload_hash",
+    "status",
+    "epoch",
+)
+_LOCAL_PATH = SourceKind.LOCAL_PATH.value.encode()
+
+
+class _InstalledPackReplay(Replayer):
+    """``InstalledPackView.apply`` as a rebuild kernel (same rows, as tuples)."""
+
+    def __init__(self, view_version: int) -> None:
+        super().__init__(view_version)
+        self.rows: dict[Key, RowTuple] = {}
+        rows, vv = self.rows, view_version
+
+        def removed(_position: int, d: dict[str, Any]) -> None:
+            del rows[(d["pack"].encode(),)]  # KeyError: apply names the poison event
+
+        def activated(_position: int, d: dict[str, Any]) -> None:
+            source = d["source"]
+            pack = d["pack"].encode()
+            rows[(pack,)] = (
+                vv,
+                pack,
+                d["install_id"].encode(),
+                d["category"].encode(),
+                source["kind"].encode(),
+                source["locator"].encode(),
+                d["revision"].encode(),
+                d["payload_hash"].encode(),
+                _ACTIVE,
+                d["epoch"],
+            )
+
+        def local(d: dict[str, Any], install_id: bytes) -> None:
+            pack = d["pack"].encode()
+            rows[(pack,)] = (
+                vv,
+                pack,
+                install_id,
+                d["category"].encode(),
+                _LOCAL_PATH,
+                d["locator"].encode(),
+                None,
+                d["payload_hash"].encode(),
+                _ACTIVE,
+                None,
+            )
+
+        def local_installed(_position: int, d: dict[str, Any]) -> None:
+            local(d, d["install_id"].encode())
+
+        def local_updated(_position: int, d: dict[str, Any]) -> None:
+            local(d, rows[(d["pack"].encode(),)][2])
+
+        def legacy(_position: int, d: dict[str, Any]) -> None:
+            source = d["source"]
+            pack = d["pack"].encode()
+            rows[(pack,)] = (
+                vv,
+                pack,
+                d["install_id"].encode(),
+                d["category"].encode(),
+                str(source.get("kind", "")).encode(),
+                str(source.get("repo") or source.get("path") or "").encode(),
+                _opt(source.get("revision")),
+                _opt(d["applied_payload_hash"]),
+                d["status"].encode(),
+                None,
+            )
+
+        self.handlers = {
+            T_REMOVED: removed,
+            T_LOCAL_REMOVED: removed,
+            T_STARTED: activated,
+            T_ADVANCED: activated,
+            T_REINSTALLED: activated,
+            T_LOCAL_INSTALLED: local_installed,
+            T_LOCAL_REINSTALLED: local_installed,
+            T_LOCAL_UPDATED: local_updated,
+            T_LEGACY: legacy,
+        }
+
+    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
+        return [(INSTALLED_PACK, self.rows)]
 
 
 PACK_GENERATION = view_table(
@@ -222,6 +337,87 @@ class PackGenerationView(Projection):
             row["failure_reason"] = d["reason"].encode()
         rows.put(PACK_GENERATION, row)
 
+    def replayer(self, view_version: int) -> Replayer:
+        return _PackGenerationReplay(view_version)
+
+
+_columns_are(
+    PACK_GENERATION,
+    "pack",
+    "install_id",
+    "ordinal",
+    "origin",
+    "status",
+    "category",
+    "source_kind",
+    "locator",
+    "revision",
+    "path",
+    "payload_hash",
+    "applied_payload_hash",
+    "epoch",
+    "from_install_id",
+    "failure_reason",
+)
+
+
+class _PackGenerationReplay(Replayer):
+    """``PackGenerationView.apply`` as a rebuild kernel; rows are lists updated in place
+    (index 0 is ``view_version``, then the columns above)."""
+
+    def __init__(self, view_version: int) -> None:
+        super().__init__(view_version)
+        self.rows: dict[Key, list[Any]] = {}
+        rows, vv = self.rows, view_version
+
+        def prepared(_position: int, d: dict[str, Any]) -> None:
+            pack, install_id = d["pack"].encode(), d["install_id"].encode()
+            source = d["source"]
+            revision = source.get("revision")
+            previous = d.get("from_install_id")
+            rows[(pack, install_id)] = [
+                vv,
+                pack,
+                install_id,
+                d["ordinal"],
+                d["origin"].encode(),
+                _PREPARING,
+                d["category"].encode(),
+                source["kind"].encode(),
+                source["locator"].encode(),
+                None if revision is None else revision.encode(),
+                source["path"].encode(),
+                d["payload_hash"].encode(),
+                None,
+                None,
+                None if previous is None else previous.encode(),
+                None,
+            ]
+
+        def activated(_position: int, d: dict[str, Any]) -> None:
+            row = rows[(d["pack"].encode(), d["install_id"].encode())]
+            row[5] = _ACTIVE
+            row[12] = d["applied_payload_hash"].encode()
+            row[13] = d["epoch"]
+
+        def retired(_position: int, d: dict[str, Any]) -> None:
+            rows[(d["pack"].encode(), d["install_id"].encode())][5] = _RETIRED
+
+        def failed(_position: int, d: dict[str, Any]) -> None:
+            row = rows[(d["pack"].encode(), d["install_id"].encode())]
+            row[5] = _FAILED_DIRTY if d["dirty"] else _FAILED_CLEAN
+            row[15] = d["reason"].encode()
+
+        self.handlers = {
+            T_PREPARED: prepared,
+            T_ACTIVATED: activated,
+            T_RETIRED: retired,
+            T_FAILED: failed,
+        }
+
+    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
+        return [(PACK_GENERATION, self.rows)]
+
 
 PACK_ACTIVATION = view_table(
     "_System_PackActivation",
@@ -261,6 +457,46 @@ class PackActivationView(Projection):
                 "position": event.position,
             },
         )
+
+    def replayer(self, view_version: int) -> Replayer:
+        return _PackActivationReplay(view_version)
+
+
+_columns_are(PACK_ACTIVATION, "pack", "install_id", "epoch", "revision", "payload_hash", "position")
+
+
+class _PackActivationReplay(Replayer):
+    """``PackActivationView.apply`` as a rebuild kernel."""
+
+    def __init__(self, view_version: int) -> None:
+        super().__init__(view_version)
+        self.rows: dict[Key, RowTuple] = {}
+        rows, vv = self.rows, view_version
+
+        def removed(_position: int, d: dict[str, Any]) -> None:
+            rows.pop((d["pack"].encode(),), None)
+
+        def moved(position: int, d: dict[str, Any]) -> None:
+            pack = d["pack"].encode()
+            rows[(pack,)] = (
+                vv,
+                pack,
+                d["install_id"].encode(),
+                d["epoch"],
+                d["revision"].encode(),
+                d["payload_hash"].encode(),
+                position,
+            )
+
+        self.handlers = {
+            T_REMOVED: removed,
+            T_STARTED: moved,
+            T_ADVANCED: moved,
+            T_REINSTALLED: moved,
+        }
+
+    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
+        return [(PACK_ACTIVATION, self.rows)]
 
 
 PACK_COMPONENT = view_table(
@@ -307,6 +543,53 @@ class PackComponentView(Projection):
                     "fact_digest": digest_of(fact),
                 },
             )
+
+    def replayer(self, view_version: int) -> Replayer:
+        return _PackComponentReplay(view_version)
+
+
+_columns_are(
+    PACK_COMPONENT, "pack", "install_id", "kind", "key", "payload_hash", "fact", "fact_digest"
+)
+
+
+class _PackComponentReplay(Replayer):
+    """``PackComponentView.apply`` as a rebuild kernel. The fact digest is
+    ``domain.content.fact_hasher``'s, computed without its per-generation cache
+    (every generation is new in a replay)."""
+
+    def __init__(self, view_version: int) -> None:
+        super().__init__(view_version)
+        self.rows: dict[Key, RowTuple] = {}
+        rows, vv = self.rows, view_version
+        fact_base = hasher(Purpose.FACT)
+
+        def prepared(_position: int, d: dict[str, Any]) -> None:
+            pack, install_id = d["pack"].encode(), d["install_id"].encode()
+            payload_hash = d["payload_hash"].encode()
+            base = fact_base.copy()
+            base.update(lp(pack, install_id, payload_hash))
+            for data in d["components"]:
+                fact = canonical_bytes_trusted(data)
+                h = base.copy()
+                h.update(u64(len(fact)))
+                h.update(fact)
+                kind, key = data["kind"].encode(), data["key"].encode()
+                rows[(pack, install_id, kind, key)] = (
+                    vv,
+                    pack,
+                    install_id,
+                    kind,
+                    key,
+                    payload_hash,
+                    fact,
+                    bytes(h.digest()),
+                )
+
+        self.handlers = {T_PREPARED: prepared}
+
+    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
+        return [(PACK_COMPONENT, self.rows)]
 
 
 LIFECYCLE_PROJECTIONS: tuple[Projection, ...] = (

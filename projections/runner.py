@@ -11,31 +11,37 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, NotRequired, Protocol, TypedDict
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from domain.digests import ZERO_CHAIN, Purpose, hasher, lp
-from domain.errors import Conflict, InvalidInput
-from domain.event_types import EVENT_TYPES
+from domain.errors import Conflict, IntegrityFailure, InvalidInput
+from domain.event_types import EVENT_TYPES, StoredType
 from domain.log import LoggedEvent
 from projections.framework import (
+    GenericReplayer,
+    Key,
     MemoryRowStore,
     Projection,
     ProjectionState,
+    Replayer,
     Row,
+    RowTuple,
     SqlRowStore,
     ViewEvent,
+    ViewTable,
     apply_rows,
     load_states,
     read_version_rows,
     save_state,
     stored_topics,
-    write_rows,
+    write_tuples,
 )
 
 Progress = Callable[[int, int], None]
@@ -398,18 +404,18 @@ class ProjectionRunner:
     ) -> dict[str, dict[str, Any]]:
         """Replay ``names`` up to ``head0`` in memory and write them as their next version.
 
-        Returns the poison event per view that could not be built (nothing is
-        swapped then). Safe to run in a separate process.
+        Each view replays through its rebuild kernel (``Projection.replayer``); a view
+        whose kernel raises is replayed again through ``apply``, which names the
+        poison event. Returns the poison event per view that could not be built
+        (nothing is swapped then). Safe to run in a separate process.
         """
         chosen = self.select(names)
-        memory = {p.name: MemoryRowStore() for p in chosen}
-        errors: dict[str, dict[str, Any]] = {}
-        # Millions of short-lived dicts: the cyclic collector would rescan them
+        # Millions of short-lived rows: the cyclic collector would rescan them
         # over and over; view rows contain no reference cycles.
         collector_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            self._replay(store, head0, _by_topic(chosen), memory, errors, progress)
+            built, errors = self._replay_kernels(store, chosen, versions, head0, progress)
         finally:
             if collector_was_enabled:
                 gc.enable()
@@ -418,13 +424,97 @@ class ProjectionRunner:
         if errors:
             return errors
         for p in chosen:
-            _, nxt = versions[p.name]
-            for table in p.tables:
-                rows = _insert_order(memory[p.name].rows(table))
-                for start in range(0, len(rows), _WRITE_BATCH):
-                    with store.write() as conn:
-                        write_rows(conn, table, nxt, rows[start : start + _WRITE_BATCH])
+            for table, rows in built[p.name].tables():
+                self._write_table(store, table, rows)
         return errors
+
+    def _replay_kernels(
+        self,
+        store: Store,
+        chosen: Sequence[Projection],
+        versions: dict[str, tuple[int, int]],
+        head0: int,
+        progress: Progress | None,
+    ) -> tuple[dict[str, Replayer], dict[str, dict[str, Any]]]:
+        """One scan of the log for every view in ``chosen``, each through its kernel.
+
+        Per stored topic, a dispatch entry holds the upcast (only where the row is an
+        older format or version: ``StoredType.upcast`` is then the same code
+        ``EVENT_TYPES.decode`` runs) and the handlers of the views consuming it, so
+        an event is decoded once (orjson, straight from the stored bytes) and costs
+        one dictionary lookup plus one call per consuming view. Topics no view
+        consumes are filtered out in SQL and never decoded.
+        """
+        built = {p.name: p.replayer(versions[p.name][1]) for p in chosen}
+        failed: set[str] = set()
+
+        def dispatch_table() -> dict[str, tuple[StoredType | None, tuple[tuple[str, Any], ...]]]:
+            table: dict[str, tuple[StoredType | None, tuple[tuple[str, Any], ...]]] = {}
+            for topic, projections in _by_topic(chosen).items():
+                stored = EVENT_TYPES.resolve(topic)
+                current = stored.format != 0 and stored.version == stored.type.version
+                handlers = tuple(
+                    (p.name, built[p.name].handlers[stored.type.name])
+                    for p in projections
+                    if p.name not in failed
+                )
+                table[topic] = (None if current else stored, handlers)
+            return table
+
+        dispatch = dispatch_table()
+        loads = orjson.loads
+        done = 0
+        name = ""
+        with store.read() as conn:
+            for position, topic, state in self.log.scan(
+                conn, after=0, upto=head0, topics=list(dispatch)
+            ):
+                stored, handlers = dispatch[topic]
+                data = loads(state)
+                if type(data) is not dict:
+                    raise IntegrityFailure(
+                        "a stored event state is not a JSON object", topic=str(topic)
+                    )
+                if stored is not None:
+                    stored.upcast(data)
+                try:
+                    for name, handler in handlers:  # noqa: B007 (``name`` is read below)
+                        handler(position, data)
+                except Exception:
+                    # Not necessarily poison: ``apply`` decides, in the replay below.
+                    # The views after this one still get this event.
+                    failed.add(name)
+                    index = [n for n, _ in handlers].index(name)
+                    for other, handler in handlers[index + 1 :]:
+                        try:
+                            handler(position, data)
+                        except Exception:
+                            failed.add(other)
+                    dispatch = dispatch_table()
+                done += 1
+                if progress is not None and done % 10_000 == 0:
+                    progress(position, head0)
+        errors: dict[str, dict[str, Any]] = {}
+        if failed:
+            again = [p for p in chosen if p.name in failed]
+            memory = {p.name: MemoryRowStore() for p in again}
+            self._replay(store, head0, _by_topic(again), memory, errors, None)
+            for p in again:
+                if p.name not in errors:  # the kernel disagreed with apply: apply wins
+                    log.warning("rebuild kernel failed where apply did not", extra={"view": p.name})
+                    generic = GenericReplayer(p, versions[p.name][1])
+                    generic.memory = memory[p.name]
+                    built[p.name] = generic
+        return built, errors
+
+    @staticmethod
+    def _write_table(store: Store, table: ViewTable, rows: Mapping[Key, RowTuple]) -> None:
+        """Write one table's rows in key order (bulk inserts then append to the
+        clustered index, measured twice as fast as log order), in large batches."""
+        ordered = _insert_order_tuples(rows)
+        for start in range(0, len(ordered), _WRITE_BATCH):
+            with store.write() as conn:
+                write_tuples(conn, table, ordered[start : start + _WRITE_BATCH])
 
     def _replay(
         self,
@@ -435,6 +525,7 @@ class ProjectionRunner:
         errors: dict[str, dict[str, Any]],
         progress: Progress | None,
     ) -> None:
+        """Replay through ``apply`` (the reference path; also names poison events)."""
         done = 0
         with store.read() as conn:
             for position, topic, state in self.log.scan(
@@ -511,10 +602,13 @@ class ProjectionRunner:
         return rows[0].chain if rows else ZERO_CHAIN
 
     def _drop_versions(self, store: Store, projection: Projection, *, keep: int) -> None:
+        """Delete every version but ``keep``: two ranges of the primary key's leading
+        column, so the rows kept are never scanned (nor locked, on InnoDB)."""
         for table in projection.tables:
             t = table.physical
             with store.write() as conn:
-                conn.execute(t.delete().where(t.c.view_version != keep))
+                conn.execute(t.delete().where(t.c.view_version < keep))
+                conn.execute(t.delete().where(t.c.view_version > keep))
 
     # -- verify ------------------------------------------------------------------------
 
@@ -674,6 +768,19 @@ def _safe_key(key: tuple[Any, ...]) -> tuple[tuple[int, Any], ...]:
         else:
             out.append((2, str(part)))
     return tuple(out)
+
+
+def _insert_order_tuples(rows: Mapping[Key, RowTuple]) -> list[RowTuple]:
+    """Row tuples roughly in key order (see ``_insert_order``)."""
+    if not rows:
+        return []
+    if all(type(k) is bytes for k in next(iter(rows))):
+        return [rows[k] for k in sorted(rows)]
+    return [rows[k] for k in sorted(rows, key=_flat)]
+
+
+def _flat(key: tuple[Any, ...]) -> bytes:
+    return b"\x00".join(k if isinstance(k, bytes) else str(k).encode() for k in key)
 
 
 def _insert_order(rows: dict[tuple[Any, ...], Row]) -> list[Row]:

@@ -43,7 +43,7 @@ def projections_status(as_json: bool) -> None:
     "--workers",
     type=click.IntRange(min=1, max=16),
     default=None,
-    help="Processes replaying views in parallel (default: up to 2 cores).",
+    help="Processes replaying views in parallel (default: 1; the chain check has its own).",
 )
 @click.option(
     "--no-chain-check",
