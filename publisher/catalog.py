@@ -19,15 +19,14 @@ Order of work is the rule of R15 and of the lessons behind it:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from domain.canonical import canonical_bytes_trusted
 from domain.catalog import audience_digest
-from domain.digests import Purpose, digest
+from domain.digests import Purpose, hasher
 from domain.errors import LifecycleRejected
 
 #: Most problems listed in one error; the total is always reported.
@@ -126,16 +125,24 @@ class ParentState:
 
 @dataclass(frozen=True)
 class BuiltCatalog:
-    """A validated, deduplicated snapshot and everything a revision event needs."""
+    """A validated, deduplicated snapshot and everything a revision event needs.
+
+    A lean build (``keep_rows=False``, or an incremental one) does not keep
+    ``facts`` and ``grants`` (they were only streamed into the digest);
+    ``totals`` then carries the counts.
+    """
 
     activations: list[list[Any]]
     facts: list[list[Any]]
     grants: list[list[Any]]
     content_digest: str
     audience_digests: dict[Audience, str]
+    totals: dict[str, int] | None = None
 
     @property
     def counts(self) -> dict[str, int]:
+        if self.totals is not None:
+            return dict(self.totals)
         return {
             "audiences": len(self.audience_digests),
             "activations": len(self.activations),
@@ -300,40 +307,233 @@ def _check_binding(
     return found
 
 
-def build_catalog(catalog: CatalogInput) -> BuiltCatalog:
-    """Validate every audience, then deduplicate and digest; raise if any is invalid."""
+@dataclass(frozen=True, slots=True)
+class EncodedChunk:
+    """Entries already in canonical JSON: ``count`` of them, comma-separated in ``body``."""
+
+    body: bytes
+    count: int
+
+
+#: Content entries as values (``list[list[Any]]``) or already encoded.
+Chunk = list[list[Any]] | EncodedChunk
+
+
+class ContentDigest:
+    """The catalog content digest, streamed: the same bytes as
+    ``canonical_bytes_trusted({"format": 1, "activations": ..., "facts": ...,
+    "grants": ...})`` (sorted keys: activations, facts, format, grants), fed to
+    the hasher in chunks so the whole content never sits in memory at once."""
+
+    _SECTIONS = (b'{"activations":[', b'],"facts":[', b'],"format":1,"grants":[')
+
+    def __init__(self) -> None:
+        self._hash = hasher(Purpose.CATALOG)
+        self._section = 0
+        self._empty = True
+        self._hash.update(self._SECTIONS[0])
+        self.count = 0
+
+    def next_section(self) -> None:
+        self._section += 1
+        self._hash.update(self._SECTIONS[self._section])
+        self._empty = True
+        self.count = 0
+
+    def add(self, entries: list[list[Any]]) -> None:
+        """Append entries (already in canonical order) to the current section."""
+        if not entries:
+            return
+        body = orjson.dumps(entries)
+        if not self._empty:
+            self._hash.update(b",")
+        self._hash.update(memoryview(body)[1:-1])
+        self._empty = False
+        self.count += len(entries)
+
+    def add_encoded(self, body: bytes, count: int) -> None:
+        """Append ``count`` entries given as their canonical JSON, comma-separated (what
+        ``orjson.dumps(entries)`` would give between its brackets)."""
+        if not count:
+            return
+        if not self._empty:
+            self._hash.update(b",")
+        self._hash.update(body)
+        self._empty = False
+        self.count += count
+
+    def add_chunk(self, chunk: Chunk) -> None:
+        if isinstance(chunk, EncodedChunk):
+            self.add_encoded(chunk.body, chunk.count)
+        else:
+            self.add(chunk)
+
+    def hexdigest(self) -> str:
+        assert self._section == 2, "activations, facts and grants, in that order"
+        self._hash.update(b"]}")
+        return str(self._hash.hexdigest())
+
+
+_CHUNK = 4096
+
+
+def build_catalog(catalog: CatalogInput, *, keep_rows: bool = True) -> BuiltCatalog:
+    """Validate every audience, then deduplicate and digest; raise if any is invalid.
+
+    With ``keep_rows=False`` the facts and grants are streamed into the digest
+    and not kept (publication needs only digests, activations and counts).
+    """
     problems = validate(catalog)
     if problems:
         raise PublicationRejected(problems)
+    ordered = sorted(catalog.bindings, key=lambda x: x.ident)
     facts: dict[tuple[str, str, str, str], str] = {}
     activations: dict[str, list[Any]] = {}
-    grants: list[list[Any]] = []
-    per_audience: dict[Audience, tuple[list[list[Any]], set[tuple[str, str, str, str]]]] = {}
-    for b in sorted(catalog.bindings, key=lambda x: x.ident):
-        auth = catalog.packs[b.pack]
+    packs = catalog.packs
+    for b in ordered:  # dedupe only after every audience validated
         fact_id = (b.pack, b.install_id, b.kind, b.key)
-        if fact_id not in facts:  # dedupe only after every audience validated
-            facts[fact_id] = auth.components[(b.kind, b.key)].fact_digest.hex()
-        activations.setdefault(b.pack, auth.entry())
-        grants.append(
-            [b.audience_kind, b.audience_id, b.pack, b.kind, b.key, b.credential_set, b.install_id]
-        )
-        mine = per_audience.setdefault(b.audience, ([], set()))
-        mine[0].append([b.pack, b.kind, b.key, b.credential_set, b.install_id])
-        mine[1].add(fact_id)
-    fact_entries = [[*k, v] for k, v in sorted(facts.items())]
+        if fact_id not in facts:
+            facts[fact_id] = packs[b.pack].components[(b.kind, b.key)].fact_digest.hex()
+        if b.pack not in activations:
+            activations[b.pack] = packs[b.pack].entry()
+    content = ContentDigest()
     activation_entries = [activations[p] for p in sorted(activations)]
-    content = canonical_bytes_trusted(
-        {"format": 1, "activations": activation_entries, "facts": fact_entries, "grants": grants}
-    )
-    audience_digests = {
-        audience: audience_digest(audience, edges, [[*k, facts[k]] for k in sorted(ids)])
-        for audience, (edges, ids) in per_audience.items()
+    content.add(activation_entries)
+    content.next_section()
+    fact_entries = [[*k, facts[k]] for k in sorted(facts)]
+    for start in range(0, len(fact_entries), _CHUNK):
+        content.add(fact_entries[start : start + _CHUNK])
+    fact_count = len(fact_entries)
+    if not keep_rows:
+        del fact_entries
+    content.next_section()
+    grants: list[list[Any]] = []
+    chunk: list[list[Any]] = []
+    audience_digests: dict[Audience, str] = {}
+    for audience, rows in _by_audience(ordered):
+        edges = []
+        ids = set()
+        for b in rows:
+            chunk.append(
+                [
+                    b.audience_kind,
+                    b.audience_id,
+                    b.pack,
+                    b.kind,
+                    b.key,
+                    b.credential_set,
+                    b.install_id,
+                ]
+            )
+            edges.append([b.pack, b.kind, b.key, b.credential_set, b.install_id])
+            ids.add((b.pack, b.install_id, b.kind, b.key))
+        audience_digests[audience] = audience_digest(
+            audience, edges, [[*k, facts[k]] for k in sorted(ids)]
+        )
+        if len(chunk) >= _CHUNK:
+            content.add(chunk)
+            if keep_rows:
+                grants.extend(chunk)
+            chunk = []
+    content.add(chunk)
+    if keep_rows:
+        grants.extend(chunk)
+    totals = {
+        "audiences": len(audience_digests),
+        "activations": len(activation_entries),
+        "facts": fact_count,
+        "grants": len(ordered),
     }
     return BuiltCatalog(
         activations=activation_entries,
-        facts=fact_entries,
+        facts=fact_entries if keep_rows else [],
         grants=grants,
-        content_digest=digest(Purpose.CATALOG, content).hex(),
+        content_digest=content.hexdigest(),
         audience_digests=audience_digests,
+        totals=None if keep_rows else totals,
+    )
+
+
+def _by_audience(ordered: Sequence[BindingRow]) -> Iterator[tuple[Audience, list[BindingRow]]]:
+    """Consecutive runs of one audience in bindings sorted by ``ident``."""
+    run: list[BindingRow] = []
+    current: Audience | None = None
+    for b in ordered:
+        audience = (b.audience_kind, b.audience_id)
+        if audience != current:
+            if run:
+                assert current is not None
+                yield current, run
+            run, current = [], audience
+        run.append(b)
+    if run:
+        assert current is not None
+        yield current, run
+
+
+@dataclass(frozen=True)
+class CatalogContent:
+    """The whole revision's content as the store streams it, in canonical order, for
+    an incremental build: bound activations, deduplicated facts ``[pack, install_id,
+    kind, key, fact_digest_hex]`` and grant rows, each as chunks of entries."""
+
+    activations: list[list[Any]]
+    facts: Iterable[Chunk]
+    grants: Iterable[Chunk]
+
+
+def build_incremental(
+    changed: CatalogInput,
+    affected: Collection[Audience],
+    parent: ParentState,
+    content: Callable[[], CatalogContent],
+) -> BuiltCatalog:
+    """A revision that reuses the parent's validation and digests of every audience
+    outside ``affected``.
+
+    The caller proves the reuse is safe: an audience is left out of ``affected``
+    only when neither its bindings nor the authority (active generation, dirty
+    flag, source kind) of any pack it binds changed since the parent revision,
+    which validated it completely (R16); a generation's components are immutable,
+    so its closure, its validity and its digest are the parent's. ``changed``
+    holds every binding of every affected audience and the authority of every
+    pack they bind; they are validated completely here before anything else.
+    ``content`` then streams the whole revision (every binding now validated)
+    for the content digest, which covers everything (R17).
+    """
+    problems = validate(changed)
+    if problems:
+        raise PublicationRejected(problems)
+    ordered = sorted(changed.bindings, key=lambda x: x.ident)
+    digests = {a: d for a, d in parent.audiences.items() if a not in affected}
+    packs = changed.packs
+    for audience, rows in _by_audience(ordered):
+        assert audience in affected, audience
+        edges = [[b.pack, b.kind, b.key, b.credential_set, b.install_id] for b in rows]
+        ids = sorted({(b.pack, b.install_id, b.kind, b.key) for b in rows})
+        facts = [[*k, packs[k[0]].components[(k[2], k[3])].fact_digest.hex()] for k in ids]
+        digests[audience] = audience_digest(audience, edges, facts)
+    streamed = content()
+    digest_of = ContentDigest()
+    digest_of.add(streamed.activations)
+    digest_of.next_section()
+    for entries in streamed.facts:
+        digest_of.add_chunk(entries)
+    fact_count = digest_of.count
+    digest_of.next_section()
+    for entries in streamed.grants:
+        digest_of.add_chunk(entries)
+    totals = {
+        "audiences": len(digests),
+        "activations": len(streamed.activations),
+        "facts": fact_count,
+        "grants": digest_of.count,
+    }
+    return BuiltCatalog(
+        activations=streamed.activations,
+        facts=[],
+        grants=[],
+        content_digest=digest_of.hexdigest(),
+        audience_digests=dict(sorted(digests.items())),
+        totals=totals,
     )

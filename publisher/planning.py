@@ -60,6 +60,7 @@ def plan_publication(
     bindings_position: int | None,
     *,
     defer_if_dirty: Iterable[BindingRow] | None = None,
+    keep_rows: bool = True,
 ) -> PublishPlan:
     """Build and validate in memory; describe the revision event if content changed.
 
@@ -67,10 +68,11 @@ def plan_publication(
     fails only because packs the release does not bind anew are failed_dirty
     is not an error: nothing is published and the plan says what blocks it.
     Any other problem, or a dirty pack the release itself binds, still
-    rejects the release before any append (R11, R16).
+    rejects the release before any append (R11, R16). ``keep_rows=False``
+    streams facts and grants into the digest without keeping them.
     """
     try:
-        built = build_catalog(catalog)
+        built = build_catalog(catalog, keep_rows=keep_rows)
     except PublicationRejected as exc:
         if defer_if_dirty is None:
             raise
@@ -83,6 +85,13 @@ def plan_publication(
         ):
             raise
         return PublishPlan(None, parent, None, tuple(exc.problems))
+    return plan_built(built, parent, bindings_position)
+
+
+def plan_built(
+    built: BuiltCatalog, parent: ParentState, bindings_position: int | None
+) -> PublishPlan:
+    """The revision event of an already validated ``built`` catalog (or none if unchanged)."""
     if parent.content_digest == built.content_digest:
         return PublishPlan(built, parent, None)
     activations, released, audiences = built.delta(parent)

@@ -8,12 +8,22 @@ memory (``publisher.catalog``) and appended as one event with a read fence on
 the catalog, the activations, pack histories and newest attempts of every pack
 it uses, and every audience's bindings (R16); a concurrent activation makes it
 fail with a conflict instead of publishing a stale binding.
+
+``publish`` is incremental when a parent revision exists (``read_incremental``):
+only the audiences whose bindings changed since the parent's cut (the catalog
+view's pending changes) or whose bound packs' authority changed are read and
+validated completely; every other audience keeps the parent's validation and
+digest. The content digest still covers the whole revision, so it is streamed
+from the views (``stream_content``). Any rejection falls back to the full build,
+so errors are exactly the full build's. The fence is the full build's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+import itertools
+import re
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 from uuid import UUID
 
@@ -28,13 +38,14 @@ from domain.identity import identity_problem
 from domain.lifecycle import activation_id, generation_id, history_id
 from ledger.commands.core import ServiceCore
 from ledger.commands.results import CatalogCounts, CatalogOutcome, PublishResult
-from ledger.log.sqltypes import dec
+from ledger.log.sqltypes import dec, enc
 from ledger.observability import bind, get_logger, logged_command
 from ledger.store.runtime import Ledger, LogReader
 from projections.catalog_views import (
     AUDIENCE_BINDING,
     CATALOG_ACTIVATION,
     CATALOG_AUDIENCE,
+    CATALOG_PENDING,
     CATALOG_REVISION,
     OPEN,
     AudienceBindingView,
@@ -52,13 +63,25 @@ from projections.lifecycle_views import (
 )
 from projections.queries import require_running
 from publisher.catalog import (
+    Audience,
     BindingRow,
+    CatalogContent,
     CatalogInput,
+    Chunk,
+    EncodedChunk,
     Fact,
     PackAuthority,
     ParentState,
+    PublicationRejected,
+    build_incremental,
 )
-from publisher.planning import BindingChange, PublishPlan, plan_publication
+from publisher.planning import BindingChange, PublishPlan, plan_built, plan_publication
+
+#: Rows per ``IN (...)`` list and per streamed chunk.
+_IN_CHUNK = 500
+_STREAM_CHUNK = 4096
+#: Above this share of the parent's audiences changed, a full build is cheaper.
+INCREMENTAL_LIMIT = 0.25
 
 _VIEWS = (
     AudienceBindingView.name,
@@ -89,31 +112,54 @@ def read_snapshot(ledger: Ledger, conn: Connection) -> CatalogSnapshot:
     v = require_running(conn, *_VIEWS)
     position = ledger.recorder.head_in(conn).position
     ab = AUDIENCE_BINDING.physical
-    bindings = [
-        BindingRow(
-            dec(r.audience_kind),
-            dec(r.audience_id),
-            dec(r.pack),
-            dec(r.kind),
-            dec(r.key),
-            dec(r.credential_set) or None,
-            dec(r.install_id),
-            dec(r.payload_hash),
-        )
-        for r in conn.execute(sa.select(ab).where(ab.c.view_version == v[AudienceBindingView.name]))
-    ]
+    bindings = _binding_rows(conn, ab.c.view_version == v[AudienceBindingView.name], stream=True)
     packs, newest = read_authorities(conn, v)
     return CatalogSnapshot(
         position, bindings, packs, read_parent(conn, v[CatalogView.name]), newest
     )
 
 
+def _binding_rows(conn: Connection, where: Any, *, stream: bool = False) -> list[BindingRow]:
+    """The binding rows ``where`` selects, their repeated strings shared (one object per
+    distinct pack, kind, key, install id... instead of one per row: most of a binding's
+    memory). ``stream``: a query with only integer parameters, read through ``_stream``."""
+    ab = AUDIENCE_BINDING.physical
+    query = sa.select(
+        ab.c.audience_kind,
+        ab.c.audience_id,
+        ab.c.pack,
+        ab.c.kind,
+        ab.c.key,
+        ab.c.credential_set,
+        ab.c.install_id,
+        ab.c.payload_hash,
+    ).where(where)
+    chunks: Iterable[Sequence[Any]] = (
+        _stream(conn, query) if stream else [[tuple(r) for r in conn.execute(query)]]
+    )
+    shared: dict[str, str] = {}
+    one = shared.setdefault
+    out: list[BindingRow] = []
+    for rows in chunks:
+        for r in rows:
+            try:
+                t = [one(s, s) for s in map(bytes.decode, r)]
+            except (TypeError, UnicodeDecodeError):
+                t = [one(s, s) for s in map(dec, r)]  # names the tampered value
+            out.append(BindingRow(t[0], t[1], t[2], t[3], t[4], t[5] or None, t[6], t[7]))
+    return out
+
+
 def read_authorities(
-    conn: Connection, versions: Mapping[str, int]
+    conn: Connection, versions: Mapping[str, int], component_packs: Collection[str] | None = None
 ) -> tuple[dict[str, PackAuthority], dict[str, str]]:
-    """Every pack's authority: active generation + components, source kind, dirty flag."""
+    """Every pack's authority: active generation + components, source kind, dirty flag.
+
+    With ``component_packs``, only those packs' components are read (the others'
+    authorities carry no components).
+    """
     ip, act = INSTALLED_PACK.physical, PACK_ACTIVATION.physical
-    gen, comp = PACK_GENERATION.physical, PACK_COMPONENT.physical
+    gen = PACK_GENERATION.physical
     kinds = {
         dec(r.pack): (dec(r.source_kind), dec(r.status))
         for r in conn.execute(
@@ -135,22 +181,7 @@ def read_authorities(
         newest[pack] = (install_id, status)
         applied = dec(r.applied_payload_hash) if r.applied_payload_hash is not None else None
         generations[(pack, install_id)] = (status, applied, r.epoch)
-    components: dict[str, dict[tuple[str, str], Fact]] = {}
-    query = (
-        sa.select(comp.c.pack, comp.c.fact, comp.c.fact_digest)
-        .join(
-            act,
-            sa.and_(
-                act.c.pack == comp.c.pack,
-                act.c.install_id == comp.c.install_id,
-                act.c.view_version == versions[PackActivationView.name],
-            ),
-        )
-        .where(comp.c.view_version == versions[PackComponentView.name])
-    )
-    for c in conn.execute(query):
-        fact = Fact.parse(bytes(c.fact), bytes(c.fact_digest))
-        components.setdefault(dec(c.pack), {})[(fact.kind, fact.key)] = fact
+    components = read_components(conn, versions, component_packs)
     packs: dict[str, PackAuthority] = {}
     for r in conn.execute(
         sa.select(act).where(act.c.view_version == versions[PackActivationView.name])
@@ -177,6 +208,41 @@ def read_authorities(
                 pack=pack, source_kind="absent", dirty=status == "failed_dirty"
             )
     return packs, {p: i for p, (i, _) in newest.items()}
+
+
+def read_components(
+    conn: Connection, versions: Mapping[str, int], component_packs: Collection[str] | None
+) -> dict[str, dict[tuple[str, str], Fact]]:
+    """The components of the active generation of every pack (or of ``component_packs``)."""
+    act, comp = PACK_ACTIVATION.physical, PACK_COMPONENT.physical
+    components: dict[str, dict[tuple[str, str], Fact]] = {}
+    if component_packs is not None and not component_packs:
+        return components
+    query = (
+        sa.select(comp.c.pack, comp.c.fact, comp.c.fact_digest)
+        .join(
+            act,
+            sa.and_(
+                act.c.pack == comp.c.pack,
+                act.c.install_id == comp.c.install_id,
+                act.c.view_version == versions[PackActivationView.name],
+            ),
+        )
+        .where(comp.c.view_version == versions[PackComponentView.name])
+    )
+    if component_packs is None:
+        rows: Iterable[Any] = conn.execute(query)
+    else:
+        wanted = sorted(enc(p) for p in component_packs)
+        rows = (
+            c
+            for start in range(0, len(wanted), _IN_CHUNK)
+            for c in conn.execute(query.where(comp.c.pack.in_(wanted[start : start + _IN_CHUNK])))
+        )
+    for c in rows:
+        fact = Fact.parse(bytes(c.fact), bytes(c.fact_digest))
+        components.setdefault(dec(c.pack), {})[(fact.kind, fact.key)] = fact
+    return components
 
 
 def _check_activation(
@@ -241,8 +307,227 @@ def read_parent(conn: Connection, version: int) -> ParentState:
     return ParentState(int(head.revision), dec(head.content_digest), activations, audiences)
 
 
+@dataclass
+class IncrementalSnapshot:
+    """What an incremental publication reads: the parent, every pack's authority
+    (components only for the packs the affected audiences bind), the affected
+    audiences and all their bindings."""
+
+    position: int
+    parent: ParentState
+    packs: dict[str, PackAuthority]
+    newest: dict[str, str]
+    affected: set[Audience]
+    bindings: list[BindingRow]
+    changed_packs: set[str]
+    versions: Mapping[str, int]
+
+
+def read_incremental(ledger: Ledger, conn: Connection) -> IncrementalSnapshot | None:
+    """The inputs of an incremental publication, or ``None`` when a full build is due
+    (no parent revision, or too much changed for reuse to pay).
+
+    An audience is *affected* when one of its bindings changed since the parent
+    revision (a pending binding change of the catalog view: the changes after the
+    parent's cut) or when a pack it binds no longer has the authority the parent
+    bound (another active generation, activation entry, source kind, or a
+    failed_dirty newest attempt). Every other audience has exactly the inputs the
+    parent validated, and its generations' components are immutable.
+    """
+    v = require_running(conn, *_VIEWS)
+    position = ledger.recorder.head_in(conn).position
+    parent = read_parent(conn, v[CatalogView.name])
+    if parent.revision == 0 or not parent.audiences:
+        return None
+    packs, newest = read_authorities(conn, v, component_packs=())
+    changed_packs = {
+        pack
+        for pack, entry in parent.activations.items()
+        if (auth := packs.get(pack)) is None
+        or auth.source_kind != "official_repo"
+        or auth.dirty
+        or auth.entry() != entry
+    }
+    pending = CATALOG_PENDING.physical
+    affected: set[Audience] = {
+        (dec(r.audience_kind), dec(r.audience_id))
+        for r in conn.execute(
+            sa.select(pending.c.audience_kind, pending.c.audience_id)
+            .where(pending.c.view_version == v[CatalogView.name])
+            .distinct()
+        )
+    }
+    ab = AUDIENCE_BINDING.physical
+    vb = v[AudienceBindingView.name]
+    moved = sorted(enc(p) for p in changed_packs)
+    for start in range(0, len(moved), _IN_CHUNK):
+        affected.update(
+            (dec(r.audience_kind), dec(r.audience_id))
+            for r in conn.execute(
+                sa.select(ab.c.audience_kind, ab.c.audience_id)
+                .where(ab.c.view_version == vb, ab.c.pack.in_(moved[start : start + _IN_CHUNK]))
+                .distinct()
+            )
+        )
+    if len(affected) > INCREMENTAL_LIMIT * len(parent.audiences):
+        return None
+    by_kind: dict[str, list[bytes]] = {}
+    for kind, ident in affected:
+        by_kind.setdefault(kind, []).append(enc(ident))
+    bindings: list[BindingRow] = []
+    for kind, idents in sorted(by_kind.items()):
+        idents.sort()
+        for start in range(0, len(idents), _IN_CHUNK):
+            bindings.extend(
+                _binding_rows(
+                    conn,
+                    sa.and_(
+                        ab.c.view_version == vb,
+                        ab.c.audience_kind == enc(kind),
+                        ab.c.audience_id.in_(idents[start : start + _IN_CHUNK]),
+                    ),
+                )
+            )
+    components = read_components(conn, v, {b.pack for b in bindings})
+    for pack, found in components.items():
+        packs[pack] = replace(packs[pack], components=found)
+    return IncrementalSnapshot(
+        position, parent, packs, newest, affected, bindings, changed_packs, v
+    )
+
+
+def stream_content(
+    conn: Connection, versions: Mapping[str, int], packs: Mapping[str, PackAuthority]
+) -> CatalogContent:
+    """The whole revision's content from the views, in canonical (bytewise) order:
+    what an incremental publication digests. Streamed in chunks; nothing per row is
+    kept. Call it only after every binding is known valid (then every binding names
+    its pack's active generation, whose components hold the facts)."""
+    ab, comp = AUDIENCE_BINDING.physical, PACK_COMPONENT.physical
+    vb = versions[AudienceBindingView.name]
+    used = sorted(
+        dec(r.pack)
+        for r in conn.execute(sa.select(ab.c.pack).where(ab.c.view_version == vb).distinct())
+    )
+    activations = [packs[p].entry() for p in used]
+    facts_query = (
+        sa.select(ab.c.pack, ab.c.install_id, ab.c.kind, ab.c.key, comp.c.fact_digest)
+        .join(
+            comp,
+            sa.and_(
+                comp.c.view_version == versions[PackComponentView.name],
+                comp.c.pack == ab.c.pack,
+                comp.c.install_id == ab.c.install_id,
+                comp.c.kind == ab.c.kind,
+                comp.c.key == ab.c.key,
+            ),
+        )
+        .where(ab.c.view_version == vb)
+        .distinct()
+        .order_by(ab.c.pack, ab.c.install_id, ab.c.kind, ab.c.key)
+    )
+    grants_query = (
+        sa.select(
+            ab.c.audience_kind,
+            ab.c.audience_id,
+            ab.c.pack,
+            ab.c.kind,
+            ab.c.key,
+            ab.c.credential_set,
+            ab.c.install_id,
+        )
+        .where(ab.c.view_version == vb)
+        .order_by(
+            ab.c.audience_kind,
+            ab.c.audience_id,
+            ab.c.pack,
+            ab.c.kind,
+            ab.c.key,
+            ab.c.credential_set,
+        )
+    )
+
+    def facts() -> Iterator[Chunk]:
+        for rows in _stream(conn, facts_query):
+            encoded = _encoded(rows, _fact_json, 4)
+            yield (
+                encoded
+                if encoded is not None
+                else [
+                    [dec(p), dec(i), dec(k), dec(key), bytes(d).hex()] for p, i, k, key, d in rows
+                ]
+            )
+
+    def grants() -> Iterator[Chunk]:
+        for rows in _stream(conn, grants_query):
+            encoded = _encoded(rows, _grant_json, 7)
+            yield (
+                encoded
+                if encoded is not None
+                else [
+                    [dec(a), dec(b), dec(p), dec(k), dec(key), dec(c) or None, dec(i)]
+                    for a, b, p, k, key, c, i in rows
+                ]
+            )
+
+    return CatalogContent(activations, facts(), grants())
+
+
+def _stream(conn: Connection, query: Any) -> Iterator[Sequence[Any]]:
+    """The rows of ``query`` in chunks, as plain tuples, without keeping them all: on
+    SQLite straight from the DBAPI cursor of the caller's transaction, elsewhere through
+    a server-side (streamed) result."""
+    if conn.dialect.name == "sqlite":
+        sql = str(query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(sql)
+            while rows := cursor.fetchmany(_STREAM_CHUNK):
+                yield rows
+        finally:
+            cursor.close()
+        return
+    result = conn.execute(query.execution_options(stream_results=True))
+    for rows in result.partitions(_STREAM_CHUNK):
+        yield [tuple(r) for r in rows]
+
+
+#: Bytes that canonical JSON escapes inside a string (orjson: control, quote, backslash).
+_ESCAPED = re.compile(rb'[\x00-\x1f"\\]')
+
+
+def _encoded(
+    rows: Sequence[Any], encode: Callable[[Any], bytes], texts: int
+) -> EncodedChunk | None:
+    """``rows`` as canonical JSON entries, without decoding each value: their first
+    ``texts`` columns are stored identity bytes, valid when every one is bytes, valid
+    UTF-8 and needs no JSON escape (a JSON string is then the bytes between quotes).
+    ``None`` otherwise: the caller decodes (``dec`` names a tampered value) and lets
+    orjson escape."""
+    try:
+        # "," ends any UTF-8 sequence, so each value is checked on its own.
+        values = b",".join(itertools.chain.from_iterable(r[:texts] for r in rows))
+        values.decode("utf-8")
+        if _ESCAPED.search(values) is not None:
+            return None
+        return EncodedChunk(b",".join(map(encode, rows)), len(rows))
+    except (TypeError, AttributeError, UnicodeDecodeError):
+        return None
+
+
+def _fact_json(r: Any) -> bytes:
+    return b'["%s","%s","%s","%s","%s"]' % (r[0], r[1], r[2], r[3], r[4].hex().encode())
+
+
+def _grant_json(r: Any) -> bytes:
+    cred = b'"%s"' % r[5] if r[5] else b"null"
+    return b'["%s","%s","%s","%s","%s",%s,"%s"]' % (r[0], r[1], r[2], r[3], r[4], cred, r[6])
+
+
 def fence_ids(
-    snapshot: CatalogSnapshot, packs: Iterable[str], audiences: Iterable[tuple[str, str]]
+    snapshot: CatalogSnapshot | IncrementalSnapshot,
+    packs: Iterable[str],
+    audiences: Iterable[tuple[str, str]],
 ) -> list[UUID]:
     """Every aggregate a revision over ``packs`` and ``audiences`` depends on."""
     ids = [catalog_id()]
@@ -381,7 +666,14 @@ def catalog_outcome(plan: PublishPlan) -> CatalogOutcome:
 
 
 class PublishCommand(ServiceCore):
-    """The ``publish`` command: validate every audience, append one revision (R16)."""
+    """The ``publish`` command: validate every audience, append one revision (R16).
+
+    ``incremental`` (default) reuses the parent revision's validation and digests
+    of the audiences whose inputs did not change (``read_incremental``); ``False``
+    always rebuilds the whole revision. Both publish identical revisions.
+    """
+
+    incremental: bool = True
 
     @logged_command(log, "publish", publication_summary)
     def publish(self, *, command_id: str | None = None) -> PublishResult:
@@ -406,8 +698,7 @@ class PublishCommand(ServiceCore):
             prior = self.recorded(reader, cid, "publish", request_digest)
             if prior is not None:
                 return cast(PublishResult, {**prior, "replayed": True})
-            catalog = read_snapshot(self.ledger, reader.conn)
-            publication = plan_publication(catalog.input(), catalog.parent, catalog.position)
+            catalog, publication, used, audiences = self._plan_publication(reader.conn)
             result: PublishResult = {
                 "command_id": cid,
                 "noop": publication.event is None,
@@ -416,8 +707,6 @@ class PublishCommand(ServiceCore):
             }
             if publication.event is None:
                 return result
-            used = {row.pack for row in catalog.bindings} | set(catalog.parent.activations)
-            audiences = {row.audience for row in catalog.bindings} | set(catalog.parent.audiences)
             versions = self.ledger.recorder.versions(
                 reader.conn, fence_ids(catalog, used, audiences)
             )
@@ -427,6 +716,37 @@ class PublishCommand(ServiceCore):
             command_id=cid, kind="publish", request_digest=request_digest, result=dict(result)
         )
         return StagedPublication(result, [lineage, record], versions)
+
+    def _plan_publication(
+        self, conn: Connection
+    ) -> tuple[CatalogSnapshot | IncrementalSnapshot, PublishPlan, set[str], set[tuple[str, str]]]:
+        """The publication plan, incremental when the parent revision can be reused.
+
+        Returns the snapshot read, the plan, and the packs and audiences the
+        decision depends on (every one is fenced, as for a full build).
+        """
+        if self.incremental:
+            inc = read_incremental(self.ledger, conn)
+            if inc is not None:
+                try:
+                    built = build_incremental(
+                        CatalogInput(inc.bindings, inc.packs),
+                        inc.affected,
+                        inc.parent,
+                        lambda: stream_content(conn, inc.versions, inc.packs),
+                    )
+                except PublicationRejected:
+                    pass  # the full build below names every problem, as it always has
+                else:
+                    plan = plan_built(built, inc.parent, inc.position)
+                    used = {a[0] for a in built.activations} | set(inc.parent.activations)
+                    audiences = set(built.audience_digests) | set(inc.parent.audiences)
+                    return inc, plan, used, audiences
+        catalog = read_snapshot(self.ledger, conn)
+        plan = plan_publication(catalog.input(), catalog.parent, catalog.position, keep_rows=False)
+        used = {row.pack for row in catalog.bindings} | set(catalog.parent.activations)
+        audiences = {row.audience for row in catalog.bindings} | set(catalog.parent.audiences)
+        return catalog, plan, used, audiences
 
     def commit_publication(self, staged: StagedPublication) -> PublishResult:
         """Append the staged revision as one event, fenced on everything it read."""
