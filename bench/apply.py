@@ -27,35 +27,16 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from bench.append import stored_events
 from bench.common import DEFAULT_MYSQL, alternate, durability, mysql_scratch, summary
+from bench.publish import COMPONENTS, PER_AUDIENCE, pack_document
 from ledger.commands.service import CommandService
 from ledger.log.db import Database, open_database
 from ledger.log.recorder import LedgerRecorder
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
 from tests.gitrepo import Repo
-
-# The packs of bench.publish's catalog (kept here: that bench changes on its own).
-COMPONENTS, PER_AUDIENCE = 20, 10
-
-
-def pack_document(n: int) -> dict[str, Any]:
-    components = []
-    for c in range(COMPONENTS):
-        comp: dict[str, Any] = {
-            "kind": "callout_profile" if c % 2 == 0 else "push_contract",
-            "key": f"p{n}.c{c}",
-            "payload": {"pack": n, "component": c, "url": f"https://svc-{n}.example/{c}"},
-        }
-        if c % 2 == 1:  # each contract requires the profile before it
-            comp["requires"] = [{"kind": "callout_profile", "key": f"p{n}.c{c - 1}"}]
-        if c % 4 == 0:
-            comp["credential_sets"] = ["prod", "test"]
-        components.append(comp)
-    return {"name": f"pack-{n:05d}", "category": "app", "components": components}
 
 
 def pack_files(packs: range, release: int = 0, changed: int | None = None) -> dict[str, bytes]:

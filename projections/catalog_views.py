@@ -15,7 +15,6 @@ into grant rows of that revision (publication validated every one of them).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -23,12 +22,11 @@ import sqlalchemy as sa
 from domain.event_types import T_GRANTED, T_PUBLISHED, T_REBOUND, T_REVOKED
 from ledger.log.sqltypes import BigInt, Binary, enc
 from projections.framework import (
-    Key,
     Projection,
     Replayer,
     Row,
     RowStore,
-    RowTuple,
+    TableReplayer,
     ViewEvent,
     ViewTable,
     view_table,
@@ -111,12 +109,13 @@ if AUDIENCE_BINDING.columns != (*_BINDING_KEY, "install_id", "payload_hash", "po
     raise AssertionError("_AudienceBindingReplay assumes the column order of AUDIENCE_BINDING")
 
 
-class _AudienceBindingReplay(Replayer):
+class _AudienceBindingReplay(TableReplayer):
     """``AudienceBindingView.apply`` as a rebuild kernel (same rows, as tuples)."""
+
+    table = AUDIENCE_BINDING
 
     def __init__(self, view_version: int) -> None:
         super().__init__(view_version)
-        self.rows: dict[Key, RowTuple] = {}
         rows, vv = self.rows, view_version
 
         def bound(position: int, d: dict[str, Any]) -> None:
@@ -133,9 +132,6 @@ class _AudienceBindingReplay(Replayer):
             rows.pop(binding_key(d), None)
 
         self.handlers = {T_GRANTED: bound, T_REBOUND: bound, T_REVOKED: revoked}
-
-    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
-        return [(AUDIENCE_BINDING, self.rows)]
 
 
 CATALOG_REVISION = view_table(

@@ -7,7 +7,6 @@ to every append.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -15,13 +14,11 @@ import sqlalchemy as sa
 from domain.event_types import T_RECORDED
 from ledger.log.sqltypes import BigInt, Binary, enc
 from projections.framework import (
-    Key,
     Projection,
     Replayer,
     RowStore,
-    RowTuple,
+    TableReplayer,
     ViewEvent,
-    ViewTable,
     view_table,
 )
 
@@ -64,12 +61,13 @@ if COMMAND_LOG.columns != ("command_id", "kind", "request_digest", "position"):
     raise AssertionError("_CommandLogReplay assumes the column order of COMMAND_LOG")
 
 
-class _CommandLogReplay(Replayer):
+class _CommandLogReplay(TableReplayer):
     """``CommandLogView.apply`` as a rebuild kernel (same rows, as tuples)."""
+
+    table = COMMAND_LOG
 
     def __init__(self, view_version: int) -> None:
         super().__init__(view_version)
-        self.rows: dict[Key, RowTuple] = {}
         rows, vv = self.rows, view_version
 
         def recorded(position: int, d: dict[str, Any]) -> None:
@@ -83,6 +81,3 @@ class _CommandLogReplay(Replayer):
             )
 
         self.handlers = {T_RECORDED: recorded}
-
-    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
-        return [(COMMAND_LOG, self.rows)]

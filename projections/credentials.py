@@ -10,9 +10,9 @@ the expiry and readers decide (``domain.credentials.status_at``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -24,9 +24,8 @@ from projections.framework import (
     Projection,
     Replayer,
     RowStore,
-    RowTuple,
+    TableReplayer,
     ViewEvent,
-    ViewTable,
     view_table,
 )
 from projections.queries import require_running
@@ -101,13 +100,14 @@ if CREDENTIAL.columns != _CREDENTIAL_COLUMNS:
     raise AssertionError("_CredentialReplay assumes the column order of CREDENTIAL")
 
 
-class _CredentialReplay(Replayer):
+class _CredentialReplay(TableReplayer):
     """``CredentialView.apply`` as a rebuild kernel; rows are lists (``view_version`` first)."""
+
+    table = CREDENTIAL
 
     def __init__(self, view_version: int) -> None:
         super().__init__(view_version)
-        self.rows: dict[Key, list[Any]] = {}
-        rows, vv = self.rows, view_version
+        rows, vv = cast(dict[Key, list[Any]], self.rows), view_version  # updated in place
 
         def issued(position: int, d: dict[str, Any]) -> None:
             credential_id = enc(d["credential_id"])
@@ -129,9 +129,6 @@ class _CredentialReplay(Replayer):
             row[8] = position
 
         self.handlers = {T_CREDENTIAL_ISSUED: issued, T_CREDENTIAL_REVOKED: revoked}
-
-    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
-        return [(CREDENTIAL, self.rows)]
 
 
 @dataclass(frozen=True, slots=True)

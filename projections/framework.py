@@ -188,6 +188,19 @@ class Replayer(ABC):
         """Every table of the view with its rows (any order; written in key order)."""
 
 
+class TableReplayer(Replayer):
+    """A kernel of a one-table view: ``rows`` of ``table``, keyed as the table is."""
+
+    table: ClassVar[ViewTable]
+
+    def __init__(self, view_version: int) -> None:
+        super().__init__(view_version)
+        self.rows: dict[Key, RowTuple] = {}
+
+    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
+        return [(self.table, self.rows)]
+
+
 class GenericReplayer(Replayer):
     """``apply`` into a ``MemoryRowStore``: the rebuild of a view without a kernel."""
 

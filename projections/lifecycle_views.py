@@ -13,8 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import sqlalchemy as sa
 
@@ -43,7 +42,7 @@ from projections.framework import (
     Projection,
     Replayer,
     RowStore,
-    RowTuple,
+    TableReplayer,
     ViewEvent,
     ViewTable,
     view_table,
@@ -184,12 +183,13 @@ _columns_are(
 _LOCAL_PATH = SourceKind.LOCAL_PATH.value.encode()
 
 
-class _InstalledPackReplay(Replayer):
+class _InstalledPackReplay(TableReplayer):
     """``InstalledPackView.apply`` as a rebuild kernel (same rows, as tuples)."""
+
+    table = INSTALLED_PACK
 
     def __init__(self, view_version: int) -> None:
         super().__init__(view_version)
-        self.rows: dict[Key, RowTuple] = {}
         rows, vv = self.rows, view_version
 
         def removed(_position: int, d: dict[str, Any]) -> None:
@@ -259,9 +259,6 @@ class _InstalledPackReplay(Replayer):
             T_LOCAL_UPDATED: local_updated,
             T_LEGACY: legacy,
         }
-
-    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
-        return [(INSTALLED_PACK, self.rows)]
 
 
 PACK_GENERATION = view_table(
@@ -361,14 +358,15 @@ _columns_are(
 )
 
 
-class _PackGenerationReplay(Replayer):
+class _PackGenerationReplay(TableReplayer):
     """``PackGenerationView.apply`` as a rebuild kernel; rows are lists updated in place
     (index 0 is ``view_version``, then the columns above)."""
 
+    table = PACK_GENERATION
+
     def __init__(self, view_version: int) -> None:
         super().__init__(view_version)
-        self.rows: dict[Key, list[Any]] = {}
-        rows, vv = self.rows, view_version
+        rows, vv = cast(dict[Key, list[Any]], self.rows), view_version  # updated in place
 
         def prepared(_position: int, d: dict[str, Any]) -> None:
             pack, install_id = d["pack"].encode(), d["install_id"].encode()
@@ -414,9 +412,6 @@ class _PackGenerationReplay(Replayer):
             T_RETIRED: retired,
             T_FAILED: failed,
         }
-
-    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
-        return [(PACK_GENERATION, self.rows)]
 
 
 PACK_ACTIVATION = view_table(
@@ -465,12 +460,13 @@ class PackActivationView(Projection):
 _columns_are(PACK_ACTIVATION, "pack", "install_id", "epoch", "revision", "payload_hash", "position")
 
 
-class _PackActivationReplay(Replayer):
+class _PackActivationReplay(TableReplayer):
     """``PackActivationView.apply`` as a rebuild kernel."""
+
+    table = PACK_ACTIVATION
 
     def __init__(self, view_version: int) -> None:
         super().__init__(view_version)
-        self.rows: dict[Key, RowTuple] = {}
         rows, vv = self.rows, view_version
 
         def removed(_position: int, d: dict[str, Any]) -> None:
@@ -494,9 +490,6 @@ class _PackActivationReplay(Replayer):
             T_ADVANCED: moved,
             T_REINSTALLED: moved,
         }
-
-    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
-        return [(PACK_ACTIVATION, self.rows)]
 
 
 PACK_COMPONENT = view_table(
@@ -553,14 +546,15 @@ _columns_are(
 )
 
 
-class _PackComponentReplay(Replayer):
+class _PackComponentReplay(TableReplayer):
     """``PackComponentView.apply`` as a rebuild kernel. The fact digest is
     ``domain.content.fact_hasher``'s, computed without its per-generation cache
     (every generation is new in a replay)."""
 
+    table = PACK_COMPONENT
+
     def __init__(self, view_version: int) -> None:
         super().__init__(view_version)
-        self.rows: dict[Key, RowTuple] = {}
         rows, vv = self.rows, view_version
         fact_base = hasher(Purpose.FACT)
 
@@ -587,9 +581,6 @@ class _PackComponentReplay(Replayer):
                 )
 
         self.handlers = {T_PREPARED: prepared}
-
-    def tables(self) -> list[tuple[ViewTable, Mapping[Key, RowTuple]]]:
-        return [(PACK_COMPONENT, self.rows)]
 
 
 LIFECYCLE_PROJECTIONS: tuple[Projection, ...] = (
