@@ -14,6 +14,7 @@ import hashlib
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -266,7 +267,7 @@ def _chain_worker(url: str, after: int, upto: int, chunk: int, results: Any) -> 
                 end = min(start + chunk, upto)
                 stack = MerkleStack(keep_leaves=False)
                 expected, chain = _verify_rows(
-                    _take(scan, end - start), stack, report, None, 0, after=start, chain=chain
+                    islice(scan, end - start), stack, report, None, 0, after=start, chain=chain
                 )
                 if report.problems:
                     break
@@ -290,14 +291,6 @@ def _chain_worker(url: str, after: int, upto: int, chunk: int, results: Any) -> 
         results.put(("ok", after, roots, tail, chain, [p.to_json() for p in report.problems]))
     except BaseException as exc:  # reported to the parent, never a traceback
         results.put(("failed", after, f"{type(exc).__name__}: {exc}"))
-
-
-def _take(rows: Iterator[Any], count: int) -> Iterator[Any]:
-    for _ in range(count):
-        try:
-            yield next(rows)
-        except StopIteration:
-            return
 
 
 def verify_chain_parallel(
