@@ -22,7 +22,7 @@ from ledger.cli.app import cli, emit, json_option, progress_bar, store
     "--workers",
     type=click.IntRange(min=1, max=16),
     default=None,
-    help="Processes rebuilding the views afterwards (default: up to 2 cores).",
+    help="Processes rebuilding the views afterwards (default: 1; the chain check has its own).",
 )
 @json_option
 def import_(jsonl: str, workers: int | None, as_json: bool) -> None:
