@@ -308,7 +308,7 @@ def test_r16_a_dirty_pack_rejects_the_incremental_publication_as_the_full_one(
 # -- pure parts -----------------------------------------------------------------------------
 
 
-def test_streamed_content_digest_is_the_canonical_digest() -> None:
+def test_r17_streamed_content_digest_is_the_canonical_digest() -> None:
     activations = [["pé", "i1", "r", 3, "h"], ["q", "i2", "r", 1, "h"]]
     facts = [["pé", "i1", "k", "kéy", "ab" * 32], ["q", "i2", "k", 'q"\\', "cd" * 32]]
     grants = [
@@ -349,7 +349,7 @@ def _authority(pack: str) -> Any:
     return content_authority(pack, f"{pack}-i1", "r1", 1, content)
 
 
-def test_build_incremental_validates_every_affected_audience_before_anything() -> None:
+def test_r16_build_incremental_validates_every_affected_audience_before_anything() -> None:
     auth = _authority("p")
     row = BindingRow(
         "app", "a", "p", "push_contract", "x", None, auth.install_id, auth.payload_hash
