@@ -158,9 +158,9 @@ class LedgerRecorder(ApplicationRecorder):
                 self._check_fence(cursor, fenced)
                 if precommit is not None:
                     precommit(conn)
-                rows = self._chain(stored_events, start.position, start.chain)
+                rows, params = self._chain(stored_events, start.position, start.chain)
                 if rows:
-                    self._insert(cursor, rows)
+                    self._insert(cursor, rows, params)
             finally:
                 cursor.close()
             for hook in self.inline_hooks:
@@ -170,14 +170,13 @@ class LedgerRecorder(ApplicationRecorder):
         head = Head(rows[-1].position, rows[-1].chain) if rows else start
         return AppendResult(rows=rows, head=head)
 
-    def _insert(self, cursor: Any, rows: list[LoggedEvent]) -> None:
+    def _insert(self, cursor: Any, rows: list[LoggedEvent], params: list[tuple[Any, ...]]) -> None:
         """Insert the rows and move the head past them (the head row is locked).
 
         On the MySQL family both go in one multi-statement packet: one round trip
         instead of two (the driver escapes every value; the writer's connections have
         multi-statements on, ``ledger.log.db``); bigger appends use the driver's split
         executemany. SQLite runs in process: two calls."""
-        params = [_row_params(r) for r in rows]
         head = (rows[-1].position, rows[-1].chain)
         try:
             values = (
@@ -206,27 +205,26 @@ class LedgerRecorder(ApplicationRecorder):
         stored_events: Sequence[StoredEvent], fence: Mapping[UUID, int]
     ) -> dict[bytes, int]:
         """Aggregate bytes -> version it must still be at when the append commits."""
-        expected: dict[bytes, int] = {agg.bytes: version for agg, version in fence.items()}
-        next_version: dict[bytes, int] = {}
+        next_version: dict[UUID, int] = {}
         for stored in stored_events:
-            key = _uuid(stored.originator_id).bytes
+            key = _uuid(stored.originator_id)
             version = stored.originator_version
             if key in next_version:
                 if version != next_version[key]:
                     raise Conflict(
                         "events of one aggregate must have consecutive versions",
-                        aggregate_id=str(_uuid(stored.originator_id)),
+                        aggregate_id=str(key),
                     )
-            elif key in expected and expected[key] != version - 1:
+            elif key in fence and fence[key] != version - 1:
                 raise Conflict(
                     "state changed since it was read: the read fence and the written "
                     "version disagree",
-                    aggregate_id=str(_uuid(stored.originator_id)),
-                    expected_version=expected[key],
+                    aggregate_id=str(key),
+                    expected_version=fence[key],
                     found_version=version - 1,
                 )
             next_version[key] = version + 1
-        return expected
+        return {agg.bytes: version for agg, version in fence.items()}
 
     def _check_fence(self, cursor: Any, expected: Mapping[bytes, int]) -> None:
         if not expected:
@@ -250,27 +248,21 @@ class LedgerRecorder(ApplicationRecorder):
     @staticmethod
     def _chain(
         stored_events: Sequence[StoredEvent], position: int, chain: bytes
-    ) -> list[LoggedEvent]:
+    ) -> tuple[list[LoggedEvent], list[tuple[Any, ...]]]:
+        """The rows, and the same rows as INSERT parameters (built in one pass: the
+        aggregate's bytes and the encoded topic are computed once per event)."""
         rows: list[LoggedEvent] = []
+        params: list[tuple[Any, ...]] = []
         for stored in stored_events:
             position += 1
             agg = _uuid(stored.originator_id)
-            eid = event_id(
-                agg.bytes, stored.originator_version, stored.topic.encode(), stored.state
-            )
+            key, version, topic = agg.bytes, stored.originator_version, stored.topic
+            topic_bytes, state = topic.encode(), stored.state
+            eid = event_id(key, version, topic_bytes, state)
             chain = next_chain(chain, eid)
-            rows.append(
-                LoggedEvent(
-                    position=position,
-                    aggregate_id=agg,
-                    version=stored.originator_version,
-                    topic=stored.topic,
-                    state=stored.state,
-                    event_id=eid,
-                    chain=chain,
-                )
-            )
-        return rows
+            rows.append(LoggedEvent(position, agg, version, topic, state, eid, chain))
+            params.append((position, key, version, topic_bytes, state, eid, chain))
+        return rows, params
 
     # -- reading -------------------------------------------------------------------
 
@@ -580,18 +572,6 @@ def _binary(value: object) -> bytes:
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"a binary column holds {type(value).__name__}")
-
-
-def _row_params(row: LoggedEvent) -> tuple[Any, ...]:
-    return (
-        row.position,
-        row.aggregate_id.bytes,
-        row.version,
-        row.topic.encode(),
-        row.state,
-        row.event_id,
-        row.chain,
-    )
 
 
 class PollingSubscription(Subscription[ApplicationRecorder]):
