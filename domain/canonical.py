@@ -30,6 +30,50 @@ JsonValue = Any
 
 def check_canonical(value: object, path: str = "$", depth: int = 0) -> None:
     """Raise ``InvalidInput`` unless ``value`` is canonically encodable."""
+    if not _plainly_canonical(value, depth):
+        _check_canonical(value, path, depth)
+
+
+def _plainly_canonical(value: object, depth: int) -> bool:
+    """True when ``value`` is canonical (JSON types, tuples and ``str`` subclasses).
+
+    The walk that names paths builds a path string for every value; this one builds
+    none. ``False`` is not a verdict: ``_check_canonical`` then decides (and names the
+    path), so the two together accept and reject exactly what the naming walk does.
+    """
+    if depth > MAX_DEPTH:
+        return False
+    if type(value) is str:
+        return value.isascii() or _utf8(value)
+    if type(value) is dict:
+        for key, item in value.items():
+            if not isinstance(key, str) or not (key.isascii() or _utf8(key)):
+                return False
+            if not _plainly_canonical(item, depth + 1):
+                return False
+        return True
+    if type(value) is list or type(value) is tuple:
+        for item in value:  # noqa: SIM110 - a loop, not all(): no generator frame per item
+            if not _plainly_canonical(item, depth + 1):
+                return False
+        return True
+    if type(value) is int:
+        return INT_MIN <= value <= INT_MAX
+    if value is None or type(value) is bool:
+        return True
+    # Typed identities are ``str`` subclasses.
+    return isinstance(value, str) and (value.isascii() or _utf8(value))
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_canonical(value: object, path: str, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise InvalidInput(f"{path} is nested deeper than {MAX_DEPTH}", field=path, rule="R4")
     if value is None or value is True or value is False:
@@ -52,12 +96,12 @@ def check_canonical(value: object, path: str = "$", depth: int = 0) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidInput(f"{path} has a non-string key", field=path, rule="R4")
-            check_canonical(key, f"{path}.<key>", depth + 1)
-            check_canonical(item, f"{path}.{key}", depth + 1)
+            _check_canonical(key, f"{path}.<key>", depth + 1)
+            _check_canonical(item, f"{path}.{key}", depth + 1)
         return
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            check_canonical(item, f"{path}[{index}]", depth + 1)
+            _check_canonical(item, f"{path}[{index}]", depth + 1)
         return
     raise InvalidInput(
         f"{path} has type {type(value).__name__}, which is not canonical JSON",
@@ -148,13 +192,20 @@ def parse_json(data: bytes | str, *, source: str) -> JsonValue:
         raise InvalidInput(
             f"{source} is not valid UTF-8 (byte {exc.start})", field=source
         ) from None
+    refusals: list[_Refused] = []
+
+    def refuse(found: Any) -> Any:
+        if type(found) is _Refused:
+            refusals.append(found)
+        return found
+
     try:
         value = json.loads(
             text,
             object_pairs_hook=_pairs,
-            parse_float=_no_float,
-            parse_int=_int,
-            parse_constant=_no_constant,
+            parse_float=lambda t: refuse(_no_float(t)),
+            parse_int=lambda t: refuse(_int(t)),
+            parse_constant=lambda t: refuse(_no_constant(t)),
         )
     except _Reject as exc:
         raise InvalidInput(f"{source}: {exc}", field=source) from None
@@ -165,7 +216,8 @@ def parse_json(data: bytes | str, *, source: str) -> JsonValue:
         ) from None
     except RecursionError:
         raise InvalidInput(f"{source} is nested too deeply", field=source) from None
-    refused = _first_refused(value, "")
+    # The walk that names the path runs only when the parser refused a value.
+    refused = _first_refused(value, "") if refusals else None
     if refused is not None:
         where, problem = refused
         field = where or "$"

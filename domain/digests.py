@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 from enum import StrEnum
+from functools import lru_cache
 from uuid import UUID
 
 from blake3 import blake3
@@ -78,8 +79,11 @@ def lp(*parts: bytes) -> bytes:
     return b"".join(out)
 
 
+@lru_cache(maxsize=1 << 15)
 def aggregate_id(kind: str, *name_parts: str) -> UUID:
-    """A stable aggregate id derived from a typed name (e.g. a pack name)."""
+    """A stable aggregate id derived from a typed name (e.g. a pack name).
+
+    Memoized: a release derives the same pack's and audience's ids many times over."""
     data = lp(kind.encode("utf-8"), *(p.encode("utf-8") for p in name_parts))
     return UUID(bytes=digest(Purpose.AGGREGATE_ID, data)[:16])
 

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from domain.canonical import canonical_bytes, parse_json
+from domain.canonical import (
+    MAX_DEPTH,
+    _check_canonical,
+    canonical_bytes,
+    check_canonical,
+    parse_json,
+)
 from domain.digests import Purpose, digest, lp
 from domain.errors import InvalidInput
 from ledger.log.transcoder import OrjsonTranscoder
@@ -117,3 +126,59 @@ def test_r4_transcoder_round_trips_event_state() -> None:
     state = {"text": "x", "timestamp": datetime(2026, 1, 2, tzinfo=UTC), "n": [1, {"b": 2}]}
     transcoder = OrjsonTranscoder()
     assert transcoder.decode(transcoder.encode(state)) == state
+
+
+_LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(allow_nan=False),
+    st.text(),
+    st.sampled_from(["\ud800", "a\udfffb", Purpose.CHAIN, b"bytes", 1.0, True]),
+    st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1]),
+)
+_VALUES = st.recursive(
+    _LEAVES,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.tuples(inner, inner),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.just("\udc00"), st.integers()), inner),
+    ),
+    max_leaves=20,
+)
+
+
+def _verdict(check: Callable[[], None]) -> tuple[str, str] | None:
+    try:
+        check()
+    except InvalidInput as exc:
+        return (str(exc.field), str(exc))
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(_VALUES)
+@example(2**63)
+@example([-(2**63) - 1, 2**63 - 1])
+@example({"a": ["\ud800"]})
+@example({"\udc00": 1})
+@example(("tuple", 1.5))
+@example({1: "non-string key"})
+@example([Purpose.CHAIN, b"bytes"])
+def test_r4_the_quick_canonical_check_agrees_with_the_path_naming_walk(value: object) -> None:
+    """``check_canonical`` first walks without building paths; the verdict and the named
+    path must be exactly the naming walk's, for canonical and non-canonical values alike."""
+    assert _verdict(lambda: check_canonical(value, "$.x", 0)) == _verdict(
+        lambda: _check_canonical(value, "$.x", 0)
+    )
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1])
+def test_r4_the_nesting_limit_is_the_same_on_both_walks(depth: int) -> None:
+    value: object = "leaf"
+    for _ in range(depth):
+        value = [value]
+    expected = None if depth <= MAX_DEPTH else f"$.x{'[0]' * (MAX_DEPTH + 1)}"
+    found = _verdict(lambda: check_canonical(value, "$.x"))
+    assert (found[0] if found else None) == expected
+    assert found == _verdict(lambda: _check_canonical(value, "$.x", 0))

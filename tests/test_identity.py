@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import unicodedata
 
 import pytest
@@ -15,6 +16,7 @@ from domain.identity import (
     ComponentRef,
     PackName,
     SourceRevision,
+    identity_problem,
 )
 
 NFC = unicodedata.normalize("NFC", "packé")
@@ -102,3 +104,19 @@ def test_r2_composite_keys_are_typed_tuples_not_joined_strings() -> None:
     right = ComponentRef(PackName("a"), ComponentKind("b|c"), BusinessKey("k"))
     assert left != right
     assert len({left, right}) == 2
+
+
+def test_r1_control_characters_are_exactly_unicode_category_cc() -> None:
+    """Every code point is tried: an identity is refused for a control character exactly
+    when Unicode's database calls it Cc, and the message names the first one's index."""
+    refused, cc = [], []
+    for point in range(sys.maxunicode + 1):
+        char = chr(point)
+        problem = identity_problem(f"a{char}b")
+        if problem is not None and problem.startswith("must not contain control"):
+            assert problem.endswith(f"(U+{point:04X} at 1)"), problem
+            refused.append(point)
+        if unicodedata.category(char) == "Cc":
+            cc.append(point)
+    assert refused == cc
+    assert len(cc) == 65
