@@ -360,3 +360,45 @@ def test_r20_catalog_views_rebuild_to_identical_rows(world: World) -> None:
     after = {t: catalog_rows(world, t) for t in before}
     assert {t: sorted(v) for t, v in after.items()} == {t: sorted(v) for t, v in before.items()}
     assert all(r.ok for r in world.ledger.runner.verify(world.db, names))
+
+
+def _staged(world: World) -> StagedPublication:
+    staged = world.service.stage_publication()
+    assert isinstance(staged, StagedPublication)
+    return staged
+
+
+def test_r11_publish_refuses_when_an_audience_it_reused_moved_after_its_snapshot(
+    world: World,
+) -> None:
+    """The position fence covers the audiences an incremental revision reused from its
+    parent as well as the ones it rebuilt: a change to either after the snapshot is a
+    Conflict, and nothing is written."""
+    c1 = world.release({"sales/pack.json": sales(1)})
+    release(world, c1, full("integration:a") + full("integration:b"))
+    # a's credential set changes (a is rebuilt); b is reused from revision 1.
+    release(world, c1, full("integration:a", "erp-test") + full("integration:b"), publish=False)
+    staged = _staged(world)
+    assert staged.result["revision"] == 2
+    # Before the append, another writer revokes b's bindings.
+    release(world, c1, full("integration:a", "erp-test"), publish=False)
+    head = world.head()
+    with pytest.raises(Conflict) as info:
+        world.service.commit_publication(staged)
+    assert info.value.details["read_at_position"] < head
+    assert world.head() == head
+    published = world.service.publish()
+    assert published["revision"] == 2 and published["counts"]["grants"] == 3
+
+
+def test_r11_publish_goes_ahead_when_only_what_it_did_not_read_moved(world: World) -> None:
+    """Events after the snapshot of aggregates the revision does not depend on (a
+    credential) do not refuse it: the same answer as the fence of versions it replaced."""
+    c1 = world.release({"sales/pack.json": sales(1)})
+    release(world, c1, full("integration:a"), publish=False)
+    staged = _staged(world)
+    world.service.credentials_issue("integration:a", expires_in="1h")
+    moved = world.head()
+    assert world.service.commit_publication(staged)["revision"] == 1
+    assert world.head() > moved
+    assert world.service.publish()["noop"] is True  # the revision it appended is current

@@ -38,6 +38,7 @@ from domain.identity import identity_problem
 from domain.lifecycle import activation_id, generation_id, history_id
 from ledger.commands.core import ServiceCore
 from ledger.commands.results import CatalogCounts, CatalogOutcome, PublishResult
+from ledger.log.recorder import Precommit
 from ledger.log.sqltypes import dec, enc
 from ledger.observability import bind, get_logger, logged_command
 from ledger.store.runtime import Ledger, LogReader
@@ -598,11 +599,16 @@ def positioned_catalog(reader: LogReader, parent: ParentState, version: int) -> 
 
 @dataclass(frozen=True)
 class StagedPublication:
-    """A validated revision built in memory, not yet appended."""
+    """A validated revision built in memory, not yet appended.
+
+    ``fence`` holds the catalog lineage's version; ``unchanged`` refuses the append if
+    any other aggregate the revision was built from moved after the snapshot.
+    """
 
     result: PublishResult
     aggregates: list[Aggregate]
     fence: dict[UUID, int]
+    unchanged: Precommit
 
 
 log = get_logger("publish")
@@ -707,15 +713,18 @@ class PublishCommand(ServiceCore):
             }
             if publication.event is None:
                 return result
-            versions = self.ledger.recorder.versions(
-                reader.conn, fence_ids(catalog, used, audiences)
-            )
+            versions = self.ledger.recorder.versions(reader.conn, [catalog_id()])
             lineage = positioned_catalog(reader, catalog.parent, versions[catalog_id()])
         lineage.publish(**{k: v for k, v in publication.event.items() if k != "revision"})
         record = CommandRecord(
             command_id=cid, kind="publish", request_digest=request_digest, result=dict(result)
         )
-        return StagedPublication(result, [lineage, record], versions)
+        # Fenced on everything it read, by the snapshot's position: the aggregate ids
+        # (thousands at scale) are derived only if anything was appended since.
+        unchanged = self.ledger.recorder.unchanged_since(
+            catalog.position, lambda: fence_ids(catalog, used, audiences)
+        )
+        return StagedPublication(result, [lineage, record], versions, unchanged)
 
     def _plan_publication(
         self, conn: Connection
@@ -750,5 +759,5 @@ class PublishCommand(ServiceCore):
 
     def commit_publication(self, staged: StagedPublication) -> PublishResult:
         """Append the staged revision as one event, fenced on everything it read."""
-        self.ledger.app.save(*staged.aggregates, fence=staged.fence)
+        self.ledger.app.save(*staged.aggregates, fence=staged.fence, precommit=staged.unchanged)
         return staged.result
