@@ -408,7 +408,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         return Release(
             changes=changes,
             publication=publication,
-            fence_ids=fence_ids(catalog, used, audiences),
+            fence_ids=fence_ids(catalog.newest, used, audiences),
             noop=unchanged and not changes and not publication.changed,
             authorities=packs,
             removed=removed,

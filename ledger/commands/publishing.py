@@ -526,16 +526,17 @@ def _grant_json(r: Any) -> bytes:
 
 
 def fence_ids(
-    snapshot: CatalogSnapshot | IncrementalSnapshot,
+    newest: Mapping[str, str],
     packs: Iterable[str],
     audiences: Iterable[tuple[str, str]],
 ) -> list[UUID]:
-    """Every aggregate a revision over ``packs`` and ``audiences`` depends on."""
+    """Every aggregate a revision over ``packs`` and ``audiences`` depends on
+    (``newest``: the snapshot's newest install id of each pack)."""
     ids = [catalog_id()]
     for pack in sorted(set(packs)):
         ids.extend([activation_id(pack), history_id(pack)])
-        if pack in snapshot.newest:
-            ids.append(generation_id(pack, snapshot.newest[pack]))
+        if pack in newest:
+            ids.append(generation_id(pack, newest[pack]))
     ids.extend(audience_bindings_id(k, i) for k, i in sorted(set(audiences)))
     return ids
 
@@ -720,9 +721,11 @@ class PublishCommand(ServiceCore):
             command_id=cid, kind="publish", request_digest=request_digest, result=dict(result)
         )
         # Fenced on everything it read, by the snapshot's position: the aggregate ids
-        # (thousands at scale) are derived only if anything was appended since.
+        # (thousands at scale) are derived only if anything was appended since. (The
+        # lambda keeps the small inputs of the ids, not the snapshot and its bindings.)
+        newest = catalog.newest
         unchanged = self.ledger.recorder.unchanged_since(
-            catalog.position, lambda: fence_ids(catalog, used, audiences)
+            catalog.position, lambda: fence_ids(newest, used, audiences)
         )
         return StagedPublication(result, [lineage, record], versions, unchanged)
 
