@@ -26,6 +26,7 @@ named ``_System_…`` do that join), so they see one complete version.
 from __future__ import annotations
 
 import itertools
+import sqlite3
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -35,6 +36,7 @@ from operator import itemgetter
 from typing import Any, ClassVar
 
 import orjson
+import pymysql
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -645,6 +647,16 @@ class ApplyOutcome:
     error: dict[str, Any] | None = field(default=None)
 
 
+#: Errors of the database (a lost connection, a lock timeout), not of an event: an
+#: inline apply re-raises them, so the append fails typed and nothing is written,
+#: instead of stopping the view as if the event were poison.
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (
+    sa.exc.SQLAlchemyError,
+    sqlite3.Error,
+    pymysql.err.MySQLError,
+)
+
+
 def apply_rows(
     projection: Projection,
     rows: Sequence[LoggedEvent],
@@ -661,6 +673,8 @@ def apply_rows(
         if row.topic in topics:
             try:
                 projection.apply(ViewEvent.decode(row), store)
+            except DATABASE_ERRORS:
+                raise  # the store failed, not the event: the transaction aborts
             except Exception as exc:
                 if buffered is not None:
                     buffered.discard_event()
