@@ -1700,6 +1700,18 @@ def schemathesis_cases() -> st.SearchStrategy[Any]:
     )
 
 
+def _long_poll_seconds(query: Any) -> float:
+    """How long a watch may take by contract: with a valid ``wait`` (1..300) and an
+    ``If-None-Match`` that matches (``*`` does), the view answers only after up to that
+    many seconds. That is the documented long poll, not a hang."""
+    raw = query.get("wait") if isinstance(query, dict) else None
+    try:
+        seconds = int(str(raw))
+    except ValueError:
+        return 0.0
+    return float(seconds) if 1 <= seconds <= 300 else 0.0
+
+
 def check_schemathesis_case(server: ServedStore, case: Any) -> str:
     from schemathesis.specs.openapi.checks import (
         content_type_conformance,
@@ -1707,8 +1719,9 @@ def check_schemathesis_case(server: ServedStore, case: Any) -> str:
         status_code_conformance,
     )
 
-    with watchdog():
-        response = case.call(base_url=server.base, timeout=HANG_LIMIT)
+    limit = HANG_LIMIT + _long_poll_seconds(case.query)
+    with watchdog(limit):
+        response = case.call(base_url=server.base, timeout=limit)
     what = f"{case.method} {case.formatted_path} query={case.query!r}"
     outcome = check_http(case.method, response.status_code, response.content, what)
     case.validate_response(
