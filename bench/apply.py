@@ -30,7 +30,13 @@ from pathlib import Path
 
 from bench.append import stored_events
 from bench.common import DEFAULT_MYSQL, alternate, durability, mysql_scratch, summary
-from bench.publish import COMPONENTS, PER_AUDIENCE, pack_document
+from bench.publish import (
+    COMPONENTS,
+    PER_AUDIENCE,
+    audience_bindings,
+    official_pack,
+    pack_document,
+)
 from ledger.commands.service import CommandService
 from ledger.log.db import Database, open_database
 from ledger.log.recorder import LedgerRecorder
@@ -52,31 +58,9 @@ def pack_files(packs: range, release: int = 0, changed: int | None = None) -> di
 
 def write_manifest(path: Path, repo: Path, revisions: dict[int, str]) -> Path:
     """A release of the packs in ``revisions`` (pack -> commit), one audience per pack."""
-    bindings = []
-    for n in revisions:
-        for c in range(PER_AUDIENCE):
-            binding = {
-                "audience": f"integration:workload-{n:06d}",
-                "pack": f"pack-{n:05d}",
-                "kind": "callout_profile" if c % 2 == 0 else "push_contract",
-                "key": f"p{n}.c{c}",
-            }
-            if c % 4 == 0:
-                binding["credential_set"] = "prod"
-            bindings.append(binding)
+    bindings = [b for n in revisions for b in audience_bindings(n, n)]
     manifest = {
-        "packs": [
-            {
-                "name": f"pack-{n:05d}",
-                "source": {
-                    "kind": "official_repo",
-                    "repo": str(repo),
-                    "revision": commit,
-                    "path": f"pack-{n:05d}/pack.json",
-                },
-            }
-            for n, commit in revisions.items()
-        ],
+        "packs": [official_pack(n, repo, commit) for n, commit in revisions.items()],
         "bindings": bindings,
     }
     path.write_text(json.dumps(manifest))

@@ -72,6 +72,35 @@ def pack_document(n: int) -> dict[str, Any]:
     return {"name": f"pack-{n:05d}", "category": "app", "components": components}
 
 
+def audience_bindings(audience: int, pack: int) -> list[dict[str, Any]]:
+    """The bench's ``PER_AUDIENCE`` bindings of workload ``audience`` to ``pack``."""
+    out: list[dict[str, Any]] = []
+    for c in range(PER_AUDIENCE):
+        binding = {
+            "audience": f"integration:workload-{audience:06d}",
+            "pack": f"pack-{pack:05d}",
+            "kind": "callout_profile" if c % 2 == 0 else "push_contract",
+            "key": f"p{pack}.c{c}",
+        }
+        if c % 4 == 0:
+            binding["credential_set"] = "prod"
+        out.append(binding)
+    return out
+
+
+def official_pack(n: int, repo: Path, commit: str) -> dict[str, Any]:
+    """Manifest entry of pack ``n`` at ``commit`` of the bench's pack repository."""
+    return {
+        "name": f"pack-{n:05d}",
+        "source": {
+            "kind": "official_repo",
+            "repo": str(repo),
+            "revision": commit,
+            "path": f"pack-{n:05d}/pack.json",
+        },
+    }
+
+
 def setup(folder: Path, scale: int) -> tuple[str, dict[str, int]]:
     """A fresh SQLite store in ``folder`` with the scaled catalog applied, unpublished."""
     url = f"sqlite:///{folder / 'catalog.db'}"
@@ -86,30 +115,9 @@ def setup_store(folder: Path, url: str, scale: int) -> dict[str, int]:
     commit = repo.commit(files)
     bindings = []
     for a in range(audiences):
-        n = a % packs
-        for c in range(PER_AUDIENCE):
-            binding = {
-                "audience": f"integration:workload-{a:06d}",
-                "pack": f"pack-{n:05d}",
-                "kind": "callout_profile" if c % 2 == 0 else "push_contract",
-                "key": f"p{n}.c{c}",
-            }
-            if c % 4 == 0:
-                binding["credential_set"] = "prod"
-            bindings.append(binding)
+        bindings.extend(audience_bindings(a, a % packs))
     manifest = {
-        "packs": [
-            {
-                "name": f"pack-{n:05d}",
-                "source": {
-                    "kind": "official_repo",
-                    "repo": str(repo.path),
-                    "revision": commit,
-                    "path": f"pack-{n:05d}/pack.json",
-                },
-            }
-            for n in range(packs)
-        ],
+        "packs": [official_pack(n, repo.path, commit) for n in range(packs)],
         "bindings": bindings,
     }
     path = folder / "release.json"
