@@ -189,23 +189,37 @@ def test_r18_waiting_watches_do_not_delay_a_shutdown(
 def test_r18_waiters_share_one_state_poll_and_read_no_view_while_nothing_changes(
     world: World,
 ) -> None:
-    """50 waiters on 10 audiences for 0.6 s at a 0.05 s poll: about 12 serving-state
-    reads in all (not one per waiter per poll), and no view read, since nothing moved."""
+    """50 waiters on 10 audiences through 12 polls (a counted clock, not real time):
+    exactly one serving-state read per poll, not one per waiter per poll, and no view
+    read, since nothing moved. Closing the hub after the 12th read answers every
+    waiter with nothing changed."""
     commit = world.release({"sales/pack.json": sales_pack(1, stamp_all=True, ping=True)})
     _release(world, commit)
     reader = CatalogReader(world.db)
     view, state = reader.view_at(Audience.parse(A))
+    polls = 12
 
-    async def main() -> WatchHub:
-        hub = WatchHub(reader, poll=0.05)
+    async def main() -> tuple[WatchHub, int]:
+        slept = 0
+
+        async def sleep(seconds: float) -> None:
+            nonlocal slept
+            assert seconds == 0.05
+            slept += 1
+            await asyncio.sleep(0)
+            if slept > polls:
+                hub.close()
+
+        hub = WatchHub(reader, poll=0.05, sleep=sleep)
         audiences = [Audience.parse(f"app:w{n}") for n in range(10)] * 5
         etags = frozenset({view.etag.removeprefix("W/")})  # as If-None-Match is read
-        outcomes = await asyncio.gather(*(hub.wait(a, etags, 0.6, state) for a in audiences))
+        outcomes = await asyncio.gather(*(hub.wait(a, etags, 60, state) for a in audiences))
         assert outcomes == [None] * 50
-        return hub
+        return hub, slept
 
-    hub = asyncio.run(main())
-    assert 3 <= hub.state_reads <= 14
+    hub, slept = asyncio.run(main())
+    assert slept == polls + 1
+    assert hub.state_reads == polls
     assert hub.view_reads == 0
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,9 +62,12 @@ class WatchHub:
         max_waiters: int = MAX_WAITERS,
         poll: float = POLL_SECONDS,
         counted: Callable[[int], None] = lambda _: None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        """``counted`` hears every change of the number waiting (+1, -1: a gauge)."""
+        """``counted`` hears every change of the number waiting (+1, -1: a gauge);
+        the poller waits ``poll`` seconds between reads with ``sleep`` (a test's clock)."""
         self.reader = reader
+        self._sleep = sleep
         self._counted = counted
         self.max_waiters = max_waiters
         self.poll = poll
@@ -127,7 +130,9 @@ class WatchHub:
 
     async def _poll(self) -> None:
         while self._waiters and not self._closed:
-            await asyncio.sleep(self.poll)
+            await self._sleep(self.poll)
+            if self._closed:
+                break
             try:
                 current = await anyio.to_thread.run_sync(self.reader.serving_state)
             except LedgerError:
