@@ -241,7 +241,8 @@ class MySQLProxy:
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         if self._accepter.is_alive():
-            self._accepter.join(timeout=5)
+            self._accepter.join(timeout=60)
+            assert not self._accepter.is_alive(), "the proxy's accepter did not stop"
         self._listener.close()
         for link in self._live_links():
             link.close()

@@ -377,7 +377,7 @@ def test_r11_drop_now_while_an_append_waits_for_the_head_lock(
             cur.execute("SELECT position FROM ledger_head WHERE id = 1 FOR UPDATE")
         worker = threading.Thread(target=run)
         worker.start()
-        assert proxy.wait_for_statement(b"FROM ledger_head WHERE id = 1 FOR UPDATE")
+        assert proxy.wait_for_statement(b"FROM ledger_head WHERE id = 1 FOR UPDATE", timeout=60)
         assert proxy.drop_now() >= 1
         worker.join(30)
         assert not worker.is_alive()

@@ -44,7 +44,7 @@ def test_r11_a_deadlock_is_a_conflict(mariadb: Database) -> None:
         try:
             with translate_errors(), mariadb.engine.connect() as conn, conn.begin():
                 _lock(conn, first)
-                both_hold.wait(10)
+                both_hold.wait(60)
                 _lock(conn, second)
         except BaseException as exc:
             outcomes[index] = exc
@@ -56,7 +56,7 @@ def test_r11_a_deadlock_is_a_conflict(mariadb: Database) -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(120)
     failed = [o for o in outcomes if o is not None]
     assert len(failed) == 1, outcomes  # the victim; the other transaction goes on
     assert isinstance(failed[0], Conflict) and failed[0].details["errno"] == 1213

@@ -94,7 +94,7 @@ def test_r12_writers_on_every_galera_node_at_once_never_see_unavailable(
                     if kind == "publish":
                         result: Any = store.publish()
                     else:
-                        result = store.apply(release, wait=30.0, lease_ttl=30.0)
+                        result = store.apply(release, wait=300.0, lease_ttl=30.0)
                     outcome = f"{kind}:{'noop' if result['noop'] else 'ok'}"
                 except LedgerError as exc:
                     outcome = f"{kind}:{exc.code}"
@@ -111,7 +111,7 @@ def test_r12_writers_on_every_galera_node_at_once_never_see_unavailable(
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=240)
+        t.join(timeout=900)
     assert not any(t.is_alive() for t in threads)
     # Every apply converged (applied, or found nothing left to do); a publish may lose its
     # race to an apply's final append (CONFLICT, exit 4), never anything else.

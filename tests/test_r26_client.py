@@ -99,7 +99,7 @@ def test_r26_client_after_a_revocation_raises_401_and_drops_its_cache(
     with CatalogClient(server.base, token=issued["token"], transport=transport) as client:
         client.view(A)
         world.service.credentials_revoke(issued["credential_id"])
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         with pytest.raises(Unauthenticated):
             while time.monotonic() < deadline:  # the server re-reads credentials each second
                 client.view(A)
