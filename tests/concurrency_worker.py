@@ -77,8 +77,12 @@ def main() -> None:
         counts[name] = counts.get(name, 0) + 1
 
     while time.monotonic() < deadline:
-        action = rng.choice(
-            ["apply", "apply", "apply", "publish"] + (["rebuild"] if rebuild else [])
+        # Each writer's first action is an apply, so that however slowly a loaded machine
+        # runs the race, it always applies (and publishes) something; then at random.
+        action = (
+            rng.choice(["apply", "apply", "apply", "publish"] + (["rebuild"] if rebuild else []))
+            if counts
+            else "apply"
         )
         try:
             if action == "apply":
