@@ -161,44 +161,54 @@ def read_authorities(
     """
     ip, act = INSTALLED_PACK.physical, PACK_ACTIVATION.physical
     gen = PACK_GENERATION.physical
+    # Every pack's rows (thousands at scale): read as plain tuples (``_stream``).
     kinds = {
-        dec(r.pack): (dec(r.source_kind), dec(r.status))
-        for r in conn.execute(
+        dec(pack): (dec(source_kind), dec(status))
+        for rows in _stream(
+            conn,
             sa.select(ip.c.pack, ip.c.source_kind, ip.c.status).where(
                 ip.c.view_version == versions[InstalledPackView.name]
-            )
+            ),
         )
+        for pack, source_kind, status in rows
     }
     newest: dict[str, tuple[str, str]] = {}
     generations: dict[tuple[str, str], tuple[str, str | None, int | None]] = {}
-    for r in conn.execute(
+    for rows in _stream(
+        conn,
         sa.select(
             gen.c.pack, gen.c.install_id, gen.c.status, gen.c.applied_payload_hash, gen.c.epoch
         )
         .where(gen.c.view_version == versions[PackGenerationView.name])
-        .order_by(gen.c.pack, gen.c.ordinal)
+        .order_by(gen.c.pack, gen.c.ordinal),
     ):
-        pack, install_id, status = dec(r.pack), dec(r.install_id), dec(r.status)
-        newest[pack] = (install_id, status)
-        applied = dec(r.applied_payload_hash) if r.applied_payload_hash is not None else None
-        generations[(pack, install_id)] = (status, applied, r.epoch)
+        for stored_pack, stored_id, stored_status, stored_applied, epoch in rows:
+            pack, install_id, status = dec(stored_pack), dec(stored_id), dec(stored_status)
+            newest[pack] = (install_id, status)
+            applied = dec(stored_applied) if stored_applied is not None else None
+            generations[(pack, install_id)] = (status, applied, epoch)
     components = read_components(conn, versions, component_packs)
     packs: dict[str, PackAuthority] = {}
-    for r in conn.execute(
-        sa.select(act).where(act.c.view_version == versions[PackActivationView.name])
+    for rows in _stream(
+        conn,
+        sa.select(
+            act.c.pack, act.c.install_id, act.c.revision, act.c.epoch, act.c.payload_hash
+        ).where(act.c.view_version == versions[PackActivationView.name]),
     ):
-        pack = dec(r.pack)
-        _check_activation(pack, dec(r.install_id), dec(r.payload_hash), int(r.epoch), generations)
-        packs[pack] = PackAuthority(
-            pack=pack,
-            source_kind="official_repo",
-            install_id=dec(r.install_id),
-            revision=dec(r.revision),
-            epoch=int(r.epoch),
-            payload_hash=dec(r.payload_hash),
-            dirty=newest.get(pack, ("", ""))[1] == "failed_dirty",
-            components=components.get(pack, {}),
-        )
+        for stored_pack, stored_id, stored_revision, stored_epoch, stored_hash in rows:
+            pack, install_id, payload_hash = dec(stored_pack), dec(stored_id), dec(stored_hash)
+            epoch = int(stored_epoch)
+            _check_activation(pack, install_id, payload_hash, epoch, generations)
+            packs[pack] = PackAuthority(
+                pack=pack,
+                source_kind="official_repo",
+                install_id=install_id,
+                revision=dec(stored_revision),
+                epoch=epoch,
+                payload_hash=payload_hash,
+                dirty=newest.get(pack, ("", ""))[1] == "failed_dirty",
+                components=components.get(pack, {}),
+            )
     for pack, (source_kind, _status) in kinds.items():
         if pack not in packs:
             kind = "local_path" if source_kind == "local_path" else "legacy"
@@ -287,23 +297,31 @@ def read_parent(conn: Connection, version: int) -> ParentState:
     ).one_or_none()
     if head is None:
         return ParentState()
-    activations = {
-        dec(r.pack): [
-            dec(r.pack),
-            dec(r.install_id),
-            dec(r.revision),
-            int(r.epoch),
-            dec(r.payload_hash),
-        ]
-        for r in conn.execute(
-            sa.select(ca).where(ca.c.view_version == version, ca.c.to_revision == OPEN)
-        )
-    }
+    activations: dict[str, list[Any]] = {}
+    for rows in _stream(
+        conn,
+        sa.select(ca.c.pack, ca.c.install_id, ca.c.revision, ca.c.epoch, ca.c.payload_hash).where(
+            ca.c.view_version == version, ca.c.to_revision == OPEN
+        ),
+    ):
+        for pack, install_id, revision, epoch, payload_hash in rows:
+            name = dec(pack)
+            activations[name] = [
+                name,
+                dec(install_id),
+                dec(revision),
+                int(epoch),
+                dec(payload_hash),
+            ]
     audiences = {
-        (dec(r.audience_kind), dec(r.audience_id)): dec(r.digest)
-        for r in conn.execute(
-            sa.select(cu).where(cu.c.view_version == version, cu.c.to_revision == OPEN)
+        (dec(kind), dec(ident)): dec(digest)
+        for rows in _stream(
+            conn,
+            sa.select(cu.c.audience_kind, cu.c.audience_id, cu.c.digest).where(
+                cu.c.view_version == version, cu.c.to_revision == OPEN
+            ),
         )
+        for kind, ident, digest in rows
     }
     return ParentState(int(head.revision), dec(head.content_digest), activations, audiences)
 
@@ -411,21 +429,27 @@ def stream_content(
         for r in conn.execute(sa.select(ab.c.pack).where(ab.c.view_version == vb).distinct())
     )
     activations = [packs[p].entry() for p in used]
+    # The distinct bound components first, then one component lookup each (not one per
+    # binding): SQLite's plan for a DISTINCT over the join joins every binding first.
+    bound = (
+        sa.select(ab.c.pack, ab.c.install_id, ab.c.kind, ab.c.key)
+        .where(ab.c.view_version == vb)
+        .distinct()
+        .subquery("bound")
+    )
     facts_query = (
-        sa.select(ab.c.pack, ab.c.install_id, ab.c.kind, ab.c.key, comp.c.fact_digest)
+        sa.select(bound.c.pack, bound.c.install_id, bound.c.kind, bound.c.key, comp.c.fact_digest)
         .join(
             comp,
             sa.and_(
                 comp.c.view_version == versions[PackComponentView.name],
-                comp.c.pack == ab.c.pack,
-                comp.c.install_id == ab.c.install_id,
-                comp.c.kind == ab.c.kind,
-                comp.c.key == ab.c.key,
+                comp.c.pack == bound.c.pack,
+                comp.c.install_id == bound.c.install_id,
+                comp.c.kind == bound.c.kind,
+                comp.c.key == bound.c.key,
             ),
         )
-        .where(ab.c.view_version == vb)
-        .distinct()
-        .order_by(ab.c.pack, ab.c.install_id, ab.c.kind, ab.c.key)
+        .order_by(bound.c.pack, bound.c.install_id, bound.c.kind, bound.c.key)
     )
     grants_query = (
         sa.select(
