@@ -215,6 +215,15 @@ CREATE TABLE view_pack_generation (
 );
 CREATE INDEX ix_view_pack_generation_0 ON view_pack_generation (view_version, status);
 
+CREATE TABLE publish_fragment (
+	section INTEGER NOT NULL,
+	unit_a VARBINARY(255) NOT NULL,
+	unit_b VARBINARY(255) NOT NULL,
+	entries BIGINT NOT NULL,
+	body LONGBLOB NOT NULL,
+	PRIMARY KEY (section, unit_a, unit_b)
+);
+
 CREATE VIEW _System_InstalledPack AS SELECT t.pack, t.install_id, t.category, t.source_kind, t.locator, t.revision, t.applied_payload_hash, t.status, t.epoch FROM view_installed_pack t JOIN projection_state s ON s.name = X'696e7374616c6c65645f7061636b' AND t.view_version = s.live_version;
 
 CREATE VIEW _System_PackGeneration AS SELECT t.pack, t.install_id, t.ordinal, t.origin, t.status, t.category, t.source_kind, t.locator, t.revision, t.path, t.payload_hash, t.applied_payload_hash, t.epoch, t.from_install_id, t.failure_reason FROM view_pack_generation t JOIN projection_state s ON s.name = X'7061636b5f67656e65726174696f6e' AND t.view_version = s.live_version;

@@ -25,6 +25,7 @@ from domain.errors import LifecycleRejected
 from domain.matrix import Advance
 from ledger.commands import publishing
 from ledger.commands.publishing import StagedPublication, read_incremental, read_snapshot
+from ledger.store.init import init_store
 from publisher.catalog import (
     BindingRow,
     CatalogInput,
@@ -35,6 +36,7 @@ from publisher.catalog import (
     build_incremental,
 )
 from publisher.planning import content_authority
+from tests.cli_inprocess import cli_json
 from tests.gitrepo import component, pack_json
 from tests.lifecycle_support import World
 
@@ -164,9 +166,13 @@ def staged_event(staged: Any) -> dict[str, Any]:
     }
 
 
-def stage_both(world: World, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, int]:
+def stage_both(
+    world: World, monkeypatch: pytest.MonkeyPatch, *, from_fragments: bool = False
+) -> tuple[Any, Any, int]:
     """Stage the same snapshot incrementally and fully; the incremental one must not
-    read the whole snapshot. Returns (incremental, full, affected audience count)."""
+    read the whole snapshot, and ``from_fragments``, not even stream the whole content
+    (it digests the parent's kept fragments). Returns (incremental, full, affected
+    audience count)."""
     with world.ledger.snapshot() as reader:
         inc = read_incremental(world.ledger, reader.conn)
     affected = -1 if inc is None else len(inc.affected)
@@ -174,10 +180,15 @@ def stage_both(world: World, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any,
     def no_full_read(*_: Any) -> Any:
         raise AssertionError("the incremental publication read the whole snapshot")
 
+    def no_stream(*_: Any) -> Any:
+        raise AssertionError("streamed the whole revision though the parent's fragments were kept")
+
     service = world.service
     if inc is not None:
         with monkeypatch.context() as m:
             m.setattr(publishing, "read_snapshot", no_full_read)
+            if from_fragments:
+                m.setattr(publishing, "stream_content", no_stream)
             incremental = service.stage_publication()
     else:
         incremental = service.stage_publication()
@@ -250,7 +261,9 @@ def test_r16_incremental_publication_equals_the_full_rebuild_at_every_step(
         for history in (mine, theirs):
             change(history)
             history.release()
-        incremental, full, affected = stage_both(mine.world, monkeypatch)
+        # The second revision digests the views and keeps its fragments; from the third
+        # on, each publication digests its parent's fragments with its changes.
+        incremental, full, affected = stage_both(mine.world, monkeypatch, from_fragments=number > 2)
         assert staged_event(incremental) == staged_event(full), name
         if name == "every pack advances":
             assert affected == -1, name
@@ -363,3 +376,88 @@ def test_r16_build_incremental_validates_every_affected_audience_before_anything
             lambda: pytest.fail("content streamed before validation"),
         )
     assert [p.reason for p in info.value.problems] == ["MISSING_REQUIREMENT"]
+
+
+# -- kept fragments (ledger.store.fragments) ------------------------------------------------
+
+
+def _streams(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the publications that digest the revision from the views."""
+    calls: list[int] = []
+    real = publishing.stream_content
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(publishing, "stream_content", counted)
+    return calls
+
+
+def _step(pair: tuple[History, History], change: Any) -> None:
+    """One release on both stores, published; then both revisions are identical."""
+    for history in pair:
+        change(history)
+        history.release()
+        history.world.service.publish()
+    assert catalog_rows(pair[0].world) == catalog_rows(pair[1].world)
+    check_against_full_rebuild(pair[0].world)
+
+
+def test_r17_kept_fragments_that_do_not_digest_to_the_parent_are_not_used(
+    pair: tuple[History, History], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    streams = _streams(monkeypatch)
+    _step(pair, lambda h: None)  # the first revision: a full build
+    _step(pair, lambda h: h.versions.update({3: 2}))  # digests the views, keeps fragments
+    assert len(streams) == 1
+    _step(pair, lambda h: h.versions.update({4: 2}))  # from the fragments
+    assert len(streams) == 1
+    # An unaffected audience's fragment edited: valid JSON, another credential set.
+    world = pair[0].world
+    unit = {"a": b"integration", "u": b"w-000"}  # binds packs 0 and 3, not 5 or 9
+    with world.db.write() as conn:
+        body = conn.execute(
+            sa.text(
+                "SELECT body FROM publish_fragment "
+                "WHERE section = 3 AND unit_a = :a AND unit_b = :u"
+            ),
+            unit,
+        ).scalar_one()
+        assert b'"prod"' in bytes(body)
+        conn.execute(
+            sa.text(
+                "UPDATE publish_fragment SET body = :b "
+                "WHERE section = 3 AND unit_a = :a AND unit_b = :u"
+            ),
+            {"b": bytes(body).replace(b'"prod"', b'"test"'), **unit},
+        )
+    _step(pair, lambda h: h.versions.update({5: 2}))  # not trusted: the views again
+    assert len(streams) == 2
+    _step(pair, lambda h: h.bindings.update({40: [(9, "test")]}))  # kept anew, used
+    assert len(streams) == 2
+
+
+def test_r17_a_store_without_the_fragment_table_publishes_from_the_views(
+    pair: tuple[History, History], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = pair[0].world
+    with world.db.write() as conn:
+        conn.execute(sa.text("DROP TABLE publish_fragment"))
+    streams = _streams(monkeypatch)
+    _step(pair, lambda h: None)
+    _step(pair, lambda h: h.versions.update({3: 2}))
+    _step(pair, lambda h: h.versions.update({4: 2}))
+    assert len(streams) == 2  # every incremental publication digests the views
+    code, doctor = cli_json("--db", world.url, "doctor")
+    assert code == 0
+    assert {
+        "object": "table publish_fragment",
+        "expected": "present",
+        "found": "missing",
+        "safe": True,
+    } in doctor["differences"]
+    init_store(world.db)  # creates it; the next publication keeps fragments, then uses them
+    _step(pair, lambda h: h.versions.update({5: 2}))
+    _step(pair, lambda h: h.versions.update({6: 2}))
+    assert len(streams) == 3

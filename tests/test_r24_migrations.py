@@ -110,7 +110,14 @@ def test_r24_golden_v0_store_is_refused_until_migrated_and_audit_reads_it(
             "expected": "2",
             "found": "1 (run `catalog-ledger migrate`)",
             "safe": False,
-        }
+        },
+        # Derived data (the publisher's kept fragments): `migrate`, like `init`, creates it.
+        {
+            "object": "table publish_fragment",
+            "expected": "present",
+            "found": "missing",
+            "safe": True,
+        },
     ]
     assert _sha(golden_copy) == before  # nothing was written by any of it
 

@@ -38,9 +38,11 @@ from domain.identity import identity_problem
 from domain.lifecycle import activation_id, generation_id, history_id
 from ledger.commands.core import ServiceCore
 from ledger.commands.results import CatalogCounts, CatalogOutcome, PublishResult
+from ledger.log.db import stream_rows
 from ledger.log.recorder import Precommit
 from ledger.log.sqltypes import dec, enc
 from ledger.observability import bind, get_logger, logged_command
+from ledger.store import fragments
 from ledger.store.runtime import Ledger, LogReader
 from projections.catalog_views import (
     AUDIENCE_BINDING,
@@ -66,6 +68,7 @@ from projections.queries import require_running
 from publisher.catalog import (
     Audience,
     BindingRow,
+    BuiltCatalog,
     CatalogContent,
     CatalogInput,
     Chunk,
@@ -75,12 +78,25 @@ from publisher.catalog import (
     ParentState,
     PublicationRejected,
     build_incremental,
+    validate,
+)
+from publisher.fragments import (
+    ACTIVATIONS,
+    FACTS,
+    GRANTS,
+    Fragment,
+    Fragments,
+    NextRevision,
+    Unit,
+    audience_unit,
+    encoded,
+    next_revision,
+    pack_unit,
 )
 from publisher.planning import BindingChange, PublishPlan, plan_built, plan_publication
 
-#: Rows per ``IN (...)`` list and per streamed chunk.
+#: Rows per ``IN (...)`` list.
 _IN_CHUNK = 500
-_STREAM_CHUNK = 4096
 #: Above this share of the parent's audiences changed, a full build is cheaper.
 INCREMENTAL_LIMIT = 0.25
 
@@ -123,7 +139,7 @@ def read_snapshot(ledger: Ledger, conn: Connection) -> CatalogSnapshot:
 def _binding_rows(conn: Connection, where: Any, *, stream: bool = False) -> list[BindingRow]:
     """The binding rows ``where`` selects, their repeated strings shared (one object per
     distinct pack, kind, key, install id... instead of one per row: most of a binding's
-    memory). ``stream``: a query with only integer parameters, read through ``_stream``."""
+    memory). ``stream``: a query with only integer parameters, read through ``stream_rows``."""
     ab = AUDIENCE_BINDING.physical
     query = sa.select(
         ab.c.audience_kind,
@@ -136,7 +152,7 @@ def _binding_rows(conn: Connection, where: Any, *, stream: bool = False) -> list
         ab.c.payload_hash,
     ).where(where)
     chunks: Iterable[Sequence[Any]] = (
-        _stream(conn, query) if stream else [[tuple(r) for r in conn.execute(query)]]
+        stream_rows(conn, query) if stream else [[tuple(r) for r in conn.execute(query)]]
     )
     shared: dict[str, str] = {}
     one = shared.setdefault
@@ -161,10 +177,10 @@ def read_authorities(
     """
     ip, act = INSTALLED_PACK.physical, PACK_ACTIVATION.physical
     gen = PACK_GENERATION.physical
-    # Every pack's rows (thousands at scale): read as plain tuples (``_stream``).
+    # Every pack's rows (thousands at scale): read as plain tuples (``stream_rows``).
     kinds = {
         dec(pack): (dec(source_kind), dec(status))
-        for rows in _stream(
+        for rows in stream_rows(
             conn,
             sa.select(ip.c.pack, ip.c.source_kind, ip.c.status).where(
                 ip.c.view_version == versions[InstalledPackView.name]
@@ -174,7 +190,7 @@ def read_authorities(
     }
     newest: dict[str, tuple[str, str]] = {}
     generations: dict[tuple[str, str], tuple[str, str | None, int | None]] = {}
-    for rows in _stream(
+    for rows in stream_rows(
         conn,
         sa.select(
             gen.c.pack, gen.c.install_id, gen.c.status, gen.c.applied_payload_hash, gen.c.epoch
@@ -189,7 +205,7 @@ def read_authorities(
             generations[(pack, install_id)] = (status, applied, epoch)
     components = read_components(conn, versions, component_packs)
     packs: dict[str, PackAuthority] = {}
-    for rows in _stream(
+    for rows in stream_rows(
         conn,
         sa.select(
             act.c.pack, act.c.install_id, act.c.revision, act.c.epoch, act.c.payload_hash
@@ -288,17 +304,12 @@ def _check_activation(
 
 def read_parent(conn: Connection, version: int) -> ParentState:
     """The head revision: its number, digest, bound activations and audience digests."""
-    rev, ca, cu = CATALOG_REVISION.physical, CATALOG_ACTIVATION.physical, CATALOG_AUDIENCE.physical
-    head = conn.execute(
-        sa.select(rev.c.revision, rev.c.content_digest)
-        .where(rev.c.view_version == version)
-        .order_by(rev.c.revision.desc())
-        .limit(1)
-    ).one_or_none()
+    ca, cu = CATALOG_ACTIVATION.physical, CATALOG_AUDIENCE.physical
+    head = read_head(conn, version)
     if head is None:
         return ParentState()
     activations: dict[str, list[Any]] = {}
-    for rows in _stream(
+    for rows in stream_rows(
         conn,
         sa.select(ca.c.pack, ca.c.install_id, ca.c.revision, ca.c.epoch, ca.c.payload_hash).where(
             ca.c.view_version == version, ca.c.to_revision == OPEN
@@ -315,7 +326,7 @@ def read_parent(conn: Connection, version: int) -> ParentState:
             ]
     audiences = {
         (dec(kind), dec(ident)): dec(digest)
-        for rows in _stream(
+        for rows in stream_rows(
             conn,
             sa.select(cu.c.audience_kind, cu.c.audience_id, cu.c.digest).where(
                 cu.c.view_version == version, cu.c.to_revision == OPEN
@@ -323,7 +334,7 @@ def read_parent(conn: Connection, version: int) -> ParentState:
         )
         for kind, ident, digest in rows
     }
-    return ParentState(int(head.revision), dec(head.content_digest), activations, audiences)
+    return ParentState(head[0], head[1], activations, audiences)
 
 
 @dataclass
@@ -359,25 +370,49 @@ def read_incremental(ledger: Ledger, conn: Connection) -> IncrementalSnapshot | 
     if parent.revision == 0 or not parent.audiences:
         return None
     packs, newest = read_authorities(conn, v, component_packs=())
-    changed_packs = {
+    changed_packs = _changed_packs(parent.activations, packs)
+    affected = _affected(conn, v, changed_packs)
+    if len(affected) > INCREMENTAL_LIMIT * len(parent.audiences):
+        return None
+    bindings = _bindings_of(conn, v, affected)
+    components = read_components(conn, v, {b.pack for b in bindings})
+    for pack, found in components.items():
+        packs[pack] = replace(packs[pack], components=found)
+    return IncrementalSnapshot(
+        position, parent, packs, newest, affected, bindings, changed_packs, v
+    )
+
+
+def _changed_packs(
+    parent_activations: Mapping[str, list[Any]], packs: Mapping[str, PackAuthority]
+) -> set[str]:
+    """The packs the parent bound whose authority is not the one it bound."""
+    return {
         pack
-        for pack, entry in parent.activations.items()
+        for pack, entry in parent_activations.items()
         if (auth := packs.get(pack)) is None
         or auth.source_kind != "official_repo"
         or auth.dirty
         or auth.entry() != entry
     }
+
+
+def _affected(
+    conn: Connection, versions: Mapping[str, int], changed_packs: Collection[str]
+) -> set[Audience]:
+    """The audiences with a binding change after the parent's cut, or binding a pack of
+    ``changed_packs``."""
     pending = CATALOG_PENDING.physical
     affected: set[Audience] = {
         (dec(r.audience_kind), dec(r.audience_id))
         for r in conn.execute(
             sa.select(pending.c.audience_kind, pending.c.audience_id)
-            .where(pending.c.view_version == v[CatalogView.name])
+            .where(pending.c.view_version == versions[CatalogView.name])
             .distinct()
         )
     }
     ab = AUDIENCE_BINDING.physical
-    vb = v[AudienceBindingView.name]
+    vb = versions[AudienceBindingView.name]
     moved = sorted(enc(p) for p in changed_packs)
     for start in range(0, len(moved), _IN_CHUNK):
         affected.update(
@@ -388,10 +423,16 @@ def read_incremental(ledger: Ledger, conn: Connection) -> IncrementalSnapshot | 
                 .distinct()
             )
         )
-    if len(affected) > INCREMENTAL_LIMIT * len(parent.audiences):
-        return None
+    return affected
+
+
+def _bindings_of(
+    conn: Connection, versions: Mapping[str, int], audiences: Collection[Audience]
+) -> list[BindingRow]:
+    """Every binding in force of ``audiences``."""
+    ab = AUDIENCE_BINDING.physical
     by_kind: dict[str, list[bytes]] = {}
-    for kind, ident in affected:
+    for kind, ident in audiences:
         by_kind.setdefault(kind, []).append(enc(ident))
     bindings: list[BindingRow] = []
     for kind, idents in sorted(by_kind.items()):
@@ -401,27 +442,167 @@ def read_incremental(ledger: Ledger, conn: Connection) -> IncrementalSnapshot | 
                 _binding_rows(
                     conn,
                     sa.and_(
-                        ab.c.view_version == vb,
+                        ab.c.view_version == versions[AudienceBindingView.name],
                         ab.c.audience_kind == enc(kind),
                         ab.c.audience_id.in_(idents[start : start + _IN_CHUNK]),
                     ),
                 )
             )
-    components = read_components(conn, v, {b.pack for b in bindings})
+    return bindings
+
+
+def _bound_components(
+    conn: Connection, versions: Mapping[str, int], packs: Collection[str]
+) -> dict[str, list[tuple[str, str, str]]]:
+    """Each of ``packs``' distinct bound ``(install_id, kind, key)``, by any audience."""
+    ab = AUDIENCE_BINDING.physical
+    out: dict[str, list[tuple[str, str, str]]] = {p: [] for p in packs}
+    wanted = sorted(enc(p) for p in packs)
+    for start in range(0, len(wanted), _IN_CHUNK):
+        for r in conn.execute(
+            sa.select(ab.c.pack, ab.c.install_id, ab.c.kind, ab.c.key)
+            .where(
+                ab.c.view_version == versions[AudienceBindingView.name],
+                ab.c.pack.in_(wanted[start : start + _IN_CHUNK]),
+            )
+            .distinct()
+        ):
+            out[dec(r.pack)].append((dec(r.install_id), dec(r.kind), dec(r.key)))
+    return out
+
+
+def _audience_digests(
+    conn: Connection, version: int, audiences: Collection[Audience]
+) -> dict[Audience, str]:
+    """The parent revision's digests of those of ``audiences`` it has."""
+    cu = CATALOG_AUDIENCE.physical
+    by_kind: dict[str, list[bytes]] = {}
+    for kind, ident in audiences:
+        by_kind.setdefault(kind, []).append(enc(ident))
+    out: dict[Audience, str] = {}
+    for kind, idents in sorted(by_kind.items()):
+        idents.sort()
+        for start in range(0, len(idents), _IN_CHUNK):
+            for r in conn.execute(
+                sa.select(cu.c.audience_id, cu.c.digest).where(
+                    cu.c.view_version == version,
+                    cu.c.to_revision == OPEN,
+                    cu.c.audience_kind == enc(kind),
+                    cu.c.audience_id.in_(idents[start : start + _IN_CHUNK]),
+                )
+            ):
+                out[(kind, dec(r.audience_id))] = dec(r.digest)
+    return out
+
+
+@dataclass
+class FragmentSnapshot:
+    """An incremental publication built from the parent's kept fragments: the parent
+    as far as the revision event's delta needs it (the packs and audiences re-encoded),
+    the snapshot's newest attempts (for the fence) and the next revision."""
+
+    position: int
+    parent: ParentState
+    newest: dict[str, str]
+    built: BuiltCatalog
+    next: NextRevision
+    used: set[str]
+    audiences: set[Audience]
+
+
+def read_from_fragments(ledger: Ledger, conn: Connection) -> FragmentSnapshot | None:
+    """The next revision from the parent's kept fragments (``ledger.store.fragments``),
+    or ``None`` when there are none to trust or too much changed.
+
+    What it reads follows the change, not the catalog, but for one row per pack (their
+    authorities) and the kept fragments: the affected audiences (as
+    ``read_incremental`` finds them) with all their bindings, validated completely
+    (R16); the packs those bind or bound, with the components bound by any audience.
+    Raises ``PublicationRejected`` as the full build would reject (the caller then
+    runs the full build, which names every problem).
+    """
+    v = require_running(conn, *_VIEWS)
+    position = ledger.recorder.head_in(conn).position
+    head = read_head(conn, v[CatalogView.name])
+    if head is None:
+        return None
+    kept = fragments.read(conn, *head)
+    if kept is None or not kept.sections[GRANTS]:
+        return None
+    packs, newest = read_authorities(conn, v, component_packs=())
+    parent_activations = {
+        pack: kept.entries(ACTIVATIONS, pack_unit(pack))[0] for pack in kept.packs()
+    }
+    affected = _affected(conn, v, _changed_packs(parent_activations, packs))
+    if len(affected) > INCREMENTAL_LIMIT * len(kept.sections[GRANTS]):
+        return None
+    bindings = _bindings_of(conn, v, affected)
+    touched = {b.pack for b in bindings}
+    for audience in affected:
+        touched.update(e[2] for e in kept.entries(GRANTS, audience_unit(audience)))
+    components = read_components(conn, v, touched)
     for pack, found in components.items():
         packs[pack] = replace(packs[pack], components=found)
-    return IncrementalSnapshot(
-        position, parent, packs, newest, affected, bindings, changed_packs, v
+    problems = validate(CatalogInput(bindings, packs))
+    if problems:
+        raise PublicationRejected(problems)
+    bound = _bound_components(conn, v, touched)
+    if any(
+        (kind, key) not in packs[pack].components
+        for pack, rows in bound.items()
+        for _, kind, key in rows
+    ):
+        return None  # a pack bound to what it does not hold: the full build names it
+    following = next_revision(kept, bindings, affected, bound, packs)
+    parent = ParentState(
+        revision=kept.revision,
+        content_digest=kept.content_digest,
+        activations={p: parent_activations[p] for p in touched if p in parent_activations},
+        audiences=_audience_digests(conn, v[CatalogView.name], affected),
+    )
+    built = BuiltCatalog(
+        activations=following.activations,
+        facts=[],
+        grants=[],
+        content_digest=following.fragments.content_digest,
+        audience_digests=following.audience_digests,
+        totals=following.fragments.counts(),
+    )
+    return FragmentSnapshot(
+        position,
+        parent,
+        newest,
+        built,
+        following,
+        kept.packs() | touched,  # what the parent or this revision binds
+        kept.audiences() | affected,
     )
 
 
+def read_head(conn: Connection, version: int) -> tuple[int, str] | None:
+    """The head revision's number and content digest (``None``: none yet)."""
+    rev = CATALOG_REVISION.physical
+    head = conn.execute(
+        sa.select(rev.c.revision, rev.c.content_digest)
+        .where(rev.c.view_version == version)
+        .order_by(rev.c.revision.desc())
+        .limit(1)
+    ).one_or_none()
+    return None if head is None else (int(head.revision), dec(head.content_digest))
+
+
 def stream_content(
-    conn: Connection, versions: Mapping[str, int], packs: Mapping[str, PackAuthority]
+    conn: Connection,
+    versions: Mapping[str, int],
+    packs: Mapping[str, PackAuthority],
+    keep: Fragments | None = None,
 ) -> CatalogContent:
     """The whole revision's content from the views, in canonical (bytewise) order:
     what an incremental publication digests. Streamed in chunks; nothing per row is
-    kept. Call it only after every binding is known valid (then every binding names
-    its pack's active generation, whose components hold the facts)."""
+    kept, but with ``keep`` each pack's and audience's fragment (``publisher.fragments``)
+    is collected there as it streams by. Call it only after every binding is known
+    valid (then every binding names its pack's active generation, whose components
+    hold the facts)."""
     ab, comp = AUDIENCE_BINDING.physical, PACK_COMPONENT.physical
     vb = versions[AudienceBindingView.name]
     used = sorted(
@@ -429,6 +610,9 @@ def stream_content(
         for r in conn.execute(sa.select(ab.c.pack).where(ab.c.view_version == vb).distinct())
     )
     activations = [packs[p].entry() for p in used]
+    if keep is not None:
+        for entry in activations:
+            keep.sections[ACTIVATIONS][pack_unit(entry[0])] = encoded([entry])
     # The distinct bound components first, then one component lookup each (not one per
     # binding): SQLite's plan for a DISTINCT over the join joins every binding first.
     bound = (
@@ -472,49 +656,43 @@ def stream_content(
         )
     )
 
-    def facts() -> Iterator[Chunk]:
-        for rows in _stream(conn, facts_query):
-            encoded = _encoded(rows, _fact_json, 4)
-            yield (
-                encoded
-                if encoded is not None
-                else [
-                    [dec(p), dec(i), dec(k), dec(key), bytes(d).hex()] for p, i, k, key, d in rows
-                ]
-            )
+    def fact_chunk(rows: Sequence[Any]) -> Chunk:
+        return _encoded(rows, _fact_json, 4) or [
+            [dec(p), dec(i), dec(k), dec(key), bytes(d).hex()] for p, i, k, key, d in rows
+        ]
 
-    def grants() -> Iterator[Chunk]:
-        for rows in _stream(conn, grants_query):
-            encoded = _encoded(rows, _grant_json, 7)
-            yield (
-                encoded
-                if encoded is not None
-                else [
-                    [dec(a), dec(b), dec(p), dec(k), dec(key), dec(c) or None, dec(i)]
-                    for a, b, p, k, key, c, i in rows
-                ]
-            )
+    def grant_chunk(rows: Sequence[Any]) -> Chunk:
+        return _encoded(rows, _grant_json, 7) or [
+            [dec(a), dec(b), dec(p), dec(k), dec(key), dec(c) or None, dec(i)]
+            for a, b, p, k, key, c, i in rows
+        ]
 
-    return CatalogContent(activations, facts(), grants())
+    def chunks(
+        query: Any, chunk: Callable[[Sequence[Any]], Chunk], section: int, width: int
+    ) -> Iterator[Chunk]:
+        for rows in stream_rows(conn, query):
+            if keep is None:
+                yield chunk(rows)
+                continue
+            for key, run in itertools.groupby(rows, key=lambda r: r[:width]):
+                piece = chunk(list(run))
+                unit = (enc(dec(key[0])), enc(dec(key[1])) if width > 1 else b"")
+                _keep(keep.sections[section], unit, piece)
+                yield piece
+
+    return CatalogContent(
+        activations,
+        chunks(facts_query, fact_chunk, FACTS, 1),
+        chunks(grants_query, grant_chunk, GRANTS, 2),
+    )
 
 
-def _stream(conn: Connection, query: Any) -> Iterator[Sequence[Any]]:
-    """The rows of ``query`` in chunks, as plain tuples, without keeping them all: on
-    SQLite straight from the DBAPI cursor of the caller's transaction, elsewhere through
-    a server-side (streamed) result."""
-    if conn.dialect.name == "sqlite":
-        sql = str(query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
-        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        try:
-            cursor.execute(sql)
-            while rows := cursor.fetchmany(_STREAM_CHUNK):
-                yield rows
-        finally:
-            cursor.close()
-        return
-    result = conn.execute(query.execution_options(stream_results=True))
-    for rows in result.partitions(_STREAM_CHUNK):
-        yield [tuple(r) for r in rows]
+def _keep(section: dict[Unit, Fragment], unit: Unit, chunk: Chunk) -> None:
+    """Add ``chunk`` (entries of ``unit``) to its fragment (a unit may span two reads)."""
+    count, body = (chunk.count, chunk.body) if isinstance(chunk, EncodedChunk) else encoded(chunk)
+    if count:
+        kept = section.get(unit)
+        section[unit] = (count, body) if kept is None else (kept[0] + count, kept[1] + b"," + body)
 
 
 #: Bytes that canonical JSON escapes inside a string (orjson: control, quote, backslash).
@@ -639,6 +817,14 @@ class StagedPublication:
 log = get_logger("publish")
 
 
+def _then(first: Precommit, second: Precommit) -> Precommit:
+    def both(conn: Connection) -> None:
+        first(conn)
+        second(conn)
+
+    return both
+
+
 def publication_summary(result: Mapping[str, Any]) -> dict[str, Any]:
     """The final log record's fields of a command that may publish (``apply`` nests its
     catalog outcome, ``publish`` is one); a new revision is logged on its own too."""
@@ -729,7 +915,7 @@ class PublishCommand(ServiceCore):
             prior = self.recorded(reader, cid, "publish", request_digest)
             if prior is not None:
                 return cast(PublishResult, {**prior, "replayed": True})
-            catalog, publication, used, audiences = self._plan_publication(reader.conn)
+            catalog, publication, used, audiences, keep = self._plan_publication(reader.conn)
             result: PublishResult = {
                 "command_id": cid,
                 "noop": publication.event is None,
@@ -751,38 +937,74 @@ class PublishCommand(ServiceCore):
         unchanged = self.ledger.recorder.unchanged_since(
             catalog.position, lambda: fence_ids(newest, used, audiences)
         )
+        if keep is not None:  # the revision's fragments, kept in its own transaction
+            unchanged = _then(unchanged, keep)
         return StagedPublication(result, [lineage, record], versions, unchanged)
 
     def _plan_publication(
         self, conn: Connection
-    ) -> tuple[CatalogSnapshot | IncrementalSnapshot, PublishPlan, set[str], set[tuple[str, str]]]:
+    ) -> tuple[
+        CatalogSnapshot | IncrementalSnapshot | FragmentSnapshot,
+        PublishPlan,
+        set[str],
+        set[tuple[str, str]],
+        Precommit | None,
+    ]:
         """The publication plan, incremental when the parent revision can be reused.
 
-        Returns the snapshot read, the plan, and the packs and audiences the
-        decision depends on (every one is fenced, as for a full build).
+        Returns the snapshot read, the plan, the packs and audiences the decision
+        depends on (every one is fenced, as for a full build), and what keeps the new
+        revision's fragments in its append transaction (``None``: nothing to keep).
         """
         if self.incremental:
-            inc = read_incremental(self.ledger, conn)
-            if inc is not None:
-                try:
-                    built = build_incremental(
-                        CatalogInput(inc.bindings, inc.packs),
-                        inc.affected,
-                        inc.parent,
-                        lambda: stream_content(conn, inc.versions, inc.packs),
-                    )
-                except PublicationRejected:
-                    pass  # the full build below names every problem, as it always has
-                else:
-                    plan = plan_built(built, inc.parent, inc.position)
-                    used = {a[0] for a in built.activations} | set(inc.parent.activations)
-                    audiences = set(built.audience_digests) | set(inc.parent.audiences)
-                    return inc, plan, used, audiences
+            try:
+                planned = self._plan_from_fragments(conn) or self._plan_streamed(conn)
+            except PublicationRejected:
+                planned = None  # the full build below names every problem, as it always has
+            if planned is not None:
+                return planned
         catalog = read_snapshot(self.ledger, conn)
         plan = plan_publication(catalog.input(), catalog.parent, catalog.position, keep_rows=False)
         used = {row.pack for row in catalog.bindings} | set(catalog.parent.activations)
         audiences = {row.audience for row in catalog.bindings} | set(catalog.parent.audiences)
-        return catalog, plan, used, audiences
+        return catalog, plan, used, audiences, None
+
+    def _plan_from_fragments(
+        self, conn: Connection
+    ) -> tuple[FragmentSnapshot, PublishPlan, set[str], set[Audience], Precommit | None] | None:
+        """The plan from the parent's kept fragments (``read_from_fragments``)."""
+        snap = read_from_fragments(self.ledger, conn)
+        if snap is None:
+            return None
+        plan = plan_built(snap.built, snap.parent, snap.position)
+        keep = None
+        if plan.event is not None:
+            keep = fragments.writer(snap.next.fragments, snap.next.changes)
+        return snap, plan, snap.used, snap.audiences, keep
+
+    def _plan_streamed(
+        self, conn: Connection
+    ) -> tuple[IncrementalSnapshot, PublishPlan, set[str], set[Audience], Precommit | None] | None:
+        """The plan of an incremental build that digests the revision from the views
+        (``read_incremental``), keeping its fragments for the next publication."""
+        inc = read_incremental(self.ledger, conn)
+        if inc is None:
+            return None
+        kept = Fragments(inc.parent.revision + 1, "")
+        built = build_incremental(
+            CatalogInput(inc.bindings, inc.packs),
+            inc.affected,
+            inc.parent,
+            lambda: stream_content(conn, inc.versions, inc.packs, kept),
+        )
+        plan = plan_built(built, inc.parent, inc.position)
+        kept.content_digest = built.content_digest
+        keep = None
+        if plan.event is not None and kept.digest() == built.content_digest:
+            keep = fragments.writer(kept, None)
+        used = {a[0] for a in built.activations} | set(inc.parent.activations)
+        audiences = set(built.audience_digests) | set(inc.parent.audiences)
+        return inc, plan, used, audiences, keep
 
     def commit_publication(self, staged: StagedPublication) -> PublishResult:
         """Append the staged revision as one event, fenced on everything it read."""

@@ -500,3 +500,22 @@ def translate_errors() -> Iterator[None]:
         raise  # a closed stdout is the reader's business, not the store's
     except (sa.exc.SQLAlchemyError, sqlite3.Error, pymysql.err.MySQLError, OSError) as exc:
         raise translate(exc) from exc
+
+
+def stream_rows(conn: Connection, query: Any, chunk: int = 4096) -> Iterator[Sequence[Any]]:
+    """The rows of ``query`` in chunks, as plain tuples, without keeping them all: on
+    SQLite straight from the DBAPI cursor of the caller's transaction, elsewhere through
+    a server-side (streamed) result."""
+    if conn.dialect.name == "sqlite":
+        sql = str(query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(sql)
+            while rows := cursor.fetchmany(chunk):
+                yield rows
+        finally:
+            cursor.close()
+        return
+    result = conn.execute(query.execution_options(stream_results=True))
+    for rows in result.partitions(chunk):
+        yield [tuple(r) for r in rows]
