@@ -10,7 +10,8 @@ Paths:
   rebuild  - ``projections rebuild --workers 1 --no-chain-check`` over a synthetic log
   audit    - ``audit verify`` with lifecycle and catalog replay, one worker
   append   - the recorder appending 100-event batches (no inline views)
-  publish  - an incremental publish after one pack of a --scale x catalog changed
+  publish  - an incremental publish after one pack of a --scale x catalog changed (the
+             parent published incrementally: its fragments kept)
 
 Usage:
   python -m bench.profile {rebuild,audit,append,publish} [--events 200000] [--scale 4]
@@ -85,7 +86,8 @@ def append(folder: Path, args: argparse.Namespace) -> Callable[[], object]:
 
 def publish(folder: Path, args: argparse.Namespace) -> Callable[[], object]:
     url, _ = setup(folder, args.scale)
-    change_one_pack(folder, url)
+    change_one_pack(folder, url, pack=0)  # published below: its fragments are kept
+    change_one_pack(folder, url, pack=1)
     source = folder / "catalog.db"
     runs = iter(range(1_000_000))
 

@@ -16,12 +16,16 @@ copy of the store:
               bindings and each credential set against the component's (json_each),
               every row fetched in canonical order. No dedupe, digest or append.
 
-Then, at --incremental-scale (default: the largest), the store is published and a
-release changes one pack (a new payload; its audiences re-bound, not published),
-and alternating on fresh copies of that state:
+Then, at --incremental-scale (default: the largest), the store is published, a
+release changes pack 0 (a new payload; its audiences re-bound) and is published
+incrementally, and a release changes pack 1, not published: the state every
+release after the first finds. Alternating on fresh copies of that state:
 
-  incremental - `publish()` (reuses the parent revision for unchanged audiences)
+  incremental - `publish()`: digests the parent's kept fragments, re-encoding only
+                the audiences it re-validates and the packs they bind
   full        - `publish()` with `incremental = False`: the full rebuild, same state
+  cold        - `publish()` of pack 0's change, whose parent was a full build (no
+                kept fragments): the incremental build that streams the whole content
 
 Printed: the engine's durability settings, one row per scale, the growth exponent
 1x -> Nx beside n log n's, and SUMMARY lines (bench.all collects them).
@@ -264,31 +268,32 @@ class Copies:
                 Path(f"{copy}{suffix}").unlink(missing_ok=True)
 
 
-def change_one_pack(folder: Path, url: str) -> None:
-    """Publish the store at ``url``, then apply a release that changes pack 0's payload:
+def change_one_pack(folder: Path, url: str, pack: int = 0) -> None:
+    """Publish the store at ``url``, then apply a release that changes one pack's payload:
     a new generation, its audiences re-bound, not published."""
     db = open_database(url)
     try:
         service = CommandService(Ledger(db))
         service.publish()
         repo = Repo(folder / "repo")
-        document = pack_document(0)
+        document = pack_document(pack)
         document["components"][0]["payload"]["url"] += "/v2"
-        commit = repo.commit({"pack-00000/pack.json": json.dumps(document).encode()})
+        name = f"pack-{pack:05d}"
+        commit = repo.commit({f"{name}/pack.json": json.dumps(document).encode()})
         manifest = {
             "packs": [
                 {
-                    "name": "pack-00000",
+                    "name": name,
                     "source": {
                         "kind": "official_repo",
                         "repo": str(repo.path),
                         "revision": commit,
-                        "path": "pack-00000/pack.json",
+                        "path": f"{name}/pack.json",
                     },
                 }
             ]
         }  # no "bindings": the current ones stay, re-bound to the new generation (R14)
-        path = folder / "change-one.json"
+        path = folder / f"change-{name}.json"
         path.write_text(json.dumps(manifest))
         result = service.apply(path, publish=False)
         assert result["packs"][0]["decision"] == "advance", result
@@ -355,7 +360,9 @@ def main() -> None:
                 f"{row['incremental']:.3f} s (peak {row['incremental_peak']:.0f} MiB), full "
                 f"rebuild of the same catalog {row['full_same']:.3f} s (peak "
                 f"{row['full_same_peak']:.0f} MiB): ratio "
-                f"{row['incremental'] / row['full_same']:.3f}",
+                f"{row['incremental'] / row['full_same']:.3f}; with the parent a full build "
+                f"(no kept fragments) incremental {row['incremental_cold']:.3f} s: ratio "
+                f"{row['incremental_cold'] / row['full_same']:.3f}",
                 flush=True,
             )
     report(scales, results)
@@ -402,27 +409,39 @@ def run_scale(folder: Path, scale: int, repeat: int, incremental: bool) -> dict[
     }
     if not incremental:
         return row
-    shutil.copyfile(folder / "catalog.db", folder / "changed.db")
-    change_one_pack(folder, f"sqlite:///{folder / 'changed.db'}")
-    changed = Copies(folder / "changed.db")
-    peaks: dict[str, list[float]] = {"incremental": [], "full": []}
+    # "cold": published once (a full build, so no kept fragments), then pack 0 changed.
+    # "steady": that change published too (incrementally: its fragments are kept), then
+    # pack 1 changed, as every release after the first finds the store.
+    shutil.copyfile(folder / "catalog.db", folder / "cold.db")
+    change_one_pack(folder, f"sqlite:///{folder / 'cold.db'}", pack=0)
+    shutil.copyfile(folder / "cold.db", folder / "steady.db")
+    change_one_pack(folder, f"sqlite:///{folder / 'steady.db'}", pack=1)
+    stores = {"cold": Copies(folder / "cold.db"), "steady": Copies(folder / "steady.db")}
+    peaks: dict[str, list[float]] = {"incremental": [], "full": [], "cold": []}
 
-    def publish_mode(mode: str) -> Callable[[], float]:
+    def publish_mode(name: str, store: str, mode: str) -> Callable[[], float]:
         def once() -> float:
-            doc = changed.run(lambda u: timed_publish(u, mode))
+            doc = stores[store].run(lambda u: timed_publish(u, mode))
             assert doc["result"]["published"], doc
-            peaks[mode].append(doc["peak_mib"])
+            peaks[name].append(doc["peak_mib"])
             return float(doc["seconds"])
 
         return once
 
-    pair = alternate(
-        {"incremental": publish_mode("incremental"), "full": publish_mode("full")}, repeat
+    runs = alternate(
+        {
+            "incremental": publish_mode("incremental", "steady", "incremental"),
+            "full": publish_mode("full", "steady", "full"),
+            "cold": publish_mode("cold", "cold", "incremental"),
+        },
+        repeat,
     )
-    row["incremental"] = pair["incremental"].median
-    row["full_same"] = pair["full"].median
-    row["incremental_peak"] = statistics.median(peaks["incremental"][1:])
-    row["full_same_peak"] = statistics.median(peaks["full"][1:])
+    row["incremental"] = runs["incremental"].median
+    row["full_same"] = runs["full"].median
+    row["incremental_cold"] = runs["cold"].median
+    for name in peaks:
+        row[f"{name}_peak"] = statistics.median(peaks[name][1:])
+    row["full_same_peak"] = row.pop("full_peak")
     return row
 
 
@@ -484,6 +503,17 @@ def report(scales: list[int], results: dict[int, dict[str, Any]]) -> None:
                 peer_value=row["full_same"],
                 ratio=row["incremental"] / row["full_same"],
                 target="<=0.10",
+            )
+            summary(
+                bench="publish",
+                figure="incremental publish, parent a full build (no kept fragments)",
+                engine="sqlite",
+                workers=1,
+                value=row["incremental_cold"],
+                unit="s",
+                peer="full rebuild (incremental=False), same catalog",
+                peer_value=row["full_same"],
+                ratio=row["incremental_cold"] / row["full_same"],
             )
 
 

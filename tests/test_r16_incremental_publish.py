@@ -25,6 +25,7 @@ from domain.errors import LifecycleRejected
 from domain.matrix import Advance
 from ledger.commands import publishing
 from ledger.commands.publishing import StagedPublication, read_incremental, read_snapshot
+from ledger.store.fragments import _labelled
 from ledger.store.init import init_store
 from publisher.catalog import (
     BindingRow,
@@ -35,6 +36,7 @@ from publisher.catalog import (
     build_catalog,
     build_incremental,
 )
+from publisher.fragments import Fragments, audience_unit, encoded, pack_unit
 from publisher.planning import content_authority
 from tests.cli_inprocess import cli_json
 from tests.gitrepo import component, pack_json
@@ -436,6 +438,47 @@ def test_r17_kept_fragments_that_do_not_digest_to_the_parent_are_not_used(
     assert len(streams) == 2
     _step(pair, lambda h: h.bindings.update({40: [(9, "test")]}))  # kept anew, used
     assert len(streams) == 2
+    # The digest covers bodies, not keys: a key renamed (in the same order) is caught too.
+    with world.db.write() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE publish_fragment SET unit_b = :renamed "
+                "WHERE section = 3 AND unit_a = :a AND unit_b = :u"
+            ),
+            {"renamed": b"w-000x", **unit},
+        )
+    _step(pair, lambda h: h.versions.update({6: 2}))
+    assert len(streams) == 3
+    _step(pair, lambda h: h.versions.update({7: 2}))
+    assert len(streams) == 3
+    # Entries moved to the neighbouring fragment (same bytes, same order): caught too.
+    with world.db.write() as conn:
+        rows = {
+            bytes(u): (int(n), bytes(b))
+            for u, n, b in conn.execute(
+                sa.text(
+                    "SELECT unit_b, entries, body FROM publish_fragment "
+                    "WHERE section = 3 AND unit_a = :a AND unit_b IN (:x, :y)"
+                ),
+                {"a": b"integration", "x": b"w-000", "y": b"w-003"},
+            )
+        }
+        (n0, b0), (n3, b3) = rows[b"w-000"], rows[b"w-003"]
+        conn.execute(
+            sa.text(
+                "DELETE FROM publish_fragment WHERE section = 3 AND unit_a = :a AND unit_b = :y"
+            ),
+            {"a": b"integration", "y": b"w-003"},
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE publish_fragment SET entries = :n, body = :b "
+                "WHERE section = 3 AND unit_a = :a AND unit_b = :x"
+            ),
+            {"n": n0 + n3, "b": b0 + b"," + b3, "a": b"integration", "x": b"w-000"},
+        )
+    _step(pair, lambda h: h.versions.update({8: 2}))
+    assert len(streams) == 4
 
 
 def test_r17_a_store_without_the_fragment_table_publishes_from_the_views(
@@ -461,3 +504,18 @@ def test_r17_a_store_without_the_fragment_table_publishes_from_the_views(
     _step(pair, lambda h: h.versions.update({5: 2}))
     _step(pair, lambda h: h.versions.update({6: 2}))
     assert len(streams) == 3
+
+
+def test_r17_fragment_labels_hold_for_identities_json_escapes() -> None:
+    """Identities may hold a quote or a backslash (JSON escapes them): their fragments
+    are still recognized as their own, and a body under another key is not."""
+    pack, audience = 'pa"ck', ("app", "a\\b")
+    entry = [pack, "i1", "r", 1, "h"]
+    grants = [["app", "a\\b", pack, "k", f"key{n}", None, "i1"] for n in range(3)]
+    kept = Fragments(1, "")
+    kept.sections[0][pack_unit(pack)] = encoded([entry])
+    kept.sections[1][pack_unit(pack)] = encoded([[pack, "i1", "k", "key0", "ab" * 32]])
+    kept.sections[2][audience_unit(audience)] = encoded(grants)
+    assert _labelled(kept)
+    kept.sections[2][(b"app", b"other")] = kept.sections[2].pop(audience_unit(audience))
+    assert not _labelled(kept)

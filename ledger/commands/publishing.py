@@ -9,13 +9,17 @@ the catalog, the activations, pack histories and newest attempts of every pack
 it uses, and every audience's bindings (R16); a concurrent activation makes it
 fail with a conflict instead of publishing a stale binding.
 
-``publish`` is incremental when a parent revision exists (``read_incremental``):
-only the audiences whose bindings changed since the parent's cut (the catalog
-view's pending changes) or whose bound packs' authority changed are read and
-validated completely; every other audience keeps the parent's validation and
-digest. The content digest still covers the whole revision, so it is streamed
-from the views (``stream_content``). Any rejection falls back to the full build,
-so errors are exactly the full build's. The fence is the full build's.
+``publish`` is incremental when a parent revision exists: only the audiences
+whose bindings changed since the parent's cut (the catalog view's pending
+changes) or whose bound packs' authority changed are read and validated
+completely; every other audience keeps the parent's validation and digest. The
+content digest still covers the whole revision. When the parent's fragments are
+kept (``ledger.store.fragments``) it is digested from them, re-encoding only the
+affected audiences and the packs they bind or bound (``read_from_fragments``);
+otherwise it is streamed from the views (``read_incremental``,
+``stream_content``), and the fragments are kept for the next publication. Any
+rejection falls back to the full build, so errors are exactly the full build's.
+The fence is the full build's.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 from uuid import UUID
 
+import orjson
 import sqlalchemy as sa
 from eventsourcing.domain import Aggregate
 from sqlalchemy.engine import Connection
@@ -168,35 +173,49 @@ def _binding_rows(conn: Connection, where: Any, *, stream: bool = False) -> list
 
 
 def read_authorities(
-    conn: Connection, versions: Mapping[str, int], component_packs: Collection[str] | None = None
+    conn: Connection,
+    versions: Mapping[str, int],
+    component_packs: Collection[str] | None = None,
+    *,
+    only: Collection[str] | None = None,
 ) -> tuple[dict[str, PackAuthority], dict[str, str]]:
-    """Every pack's authority: active generation + components, source kind, dirty flag.
+    """Every pack's authority (or ``only`` those packs'): active generation + components,
+    source kind, dirty flag; and each pack's newest attempt.
 
     With ``component_packs``, only those packs' components are read (the others'
     authorities carry no components).
     """
     ip, act = INSTALLED_PACK.physical, PACK_ACTIVATION.physical
     gen = PACK_GENERATION.physical
-    # Every pack's rows (thousands at scale): read as plain tuples (``stream_rows``).
+
+    def rows_of(query: Any, pack: Any) -> Iterator[Sequence[Any]]:
+        if only is None:  # every pack's rows (thousands at scale), as plain tuples
+            yield from stream_rows(conn, query)
+            return
+        wanted = sorted(enc(p) for p in only)
+        for start in range(0, len(wanted), _IN_CHUNK):
+            chunk = wanted[start : start + _IN_CHUNK]
+            yield [tuple(r) for r in conn.execute(query.where(pack.in_(chunk)))]
+
     kinds = {
         dec(pack): (dec(source_kind), dec(status))
-        for rows in stream_rows(
-            conn,
+        for rows in rows_of(
             sa.select(ip.c.pack, ip.c.source_kind, ip.c.status).where(
                 ip.c.view_version == versions[InstalledPackView.name]
             ),
+            ip.c.pack,
         )
         for pack, source_kind, status in rows
     }
     newest: dict[str, tuple[str, str]] = {}
     generations: dict[tuple[str, str], tuple[str, str | None, int | None]] = {}
-    for rows in stream_rows(
-        conn,
+    for rows in rows_of(
         sa.select(
             gen.c.pack, gen.c.install_id, gen.c.status, gen.c.applied_payload_hash, gen.c.epoch
         )
         .where(gen.c.view_version == versions[PackGenerationView.name])
         .order_by(gen.c.pack, gen.c.ordinal),
+        gen.c.pack,
     ):
         for stored_pack, stored_id, stored_status, stored_applied, epoch in rows:
             pack, install_id, status = dec(stored_pack), dec(stored_id), dec(stored_status)
@@ -205,11 +224,11 @@ def read_authorities(
             generations[(pack, install_id)] = (status, applied, epoch)
     components = read_components(conn, versions, component_packs)
     packs: dict[str, PackAuthority] = {}
-    for rows in stream_rows(
-        conn,
+    for rows in rows_of(
         sa.select(
             act.c.pack, act.c.install_id, act.c.revision, act.c.epoch, act.c.payload_hash
         ).where(act.c.view_version == versions[PackActivationView.name]),
+        act.c.pack,
     ):
         for stored_pack, stored_id, stored_revision, stored_epoch, stored_hash in rows:
             pack, install_id, payload_hash = dec(stored_pack), dec(stored_id), dec(stored_hash)
@@ -510,6 +529,10 @@ class FragmentSnapshot:
     audiences: set[Audience]
 
 
+class FullBuildDue(Exception):
+    """An incremental publication gives way to the full build (which names problems)."""
+
+
 def read_from_fragments(ledger: Ledger, conn: Connection) -> FragmentSnapshot | None:
     """The next revision from the parent's kept fragments (``ledger.store.fragments``),
     or ``None`` when there are none to trust or too much changed.
@@ -518,8 +541,9 @@ def read_from_fragments(ledger: Ledger, conn: Connection) -> FragmentSnapshot | 
     authorities) and the kept fragments: the affected audiences (as
     ``read_incremental`` finds them) with all their bindings, validated completely
     (R16); the packs those bind or bound, with the components bound by any audience.
-    Raises ``PublicationRejected`` as the full build would reject (the caller then
-    runs the full build, which names every problem).
+    Raises ``PublicationRejected`` as the full build would reject, and ``FullBuildDue``
+    when the full build is the one to run (the caller then runs it; it names every
+    problem).
     """
     v = require_running(conn, *_VIEWS)
     position = ledger.recorder.head_in(conn).position
@@ -529,35 +553,44 @@ def read_from_fragments(ledger: Ledger, conn: Connection) -> FragmentSnapshot | 
     kept = fragments.read(conn, *head)
     if kept is None or not kept.sections[GRANTS]:
         return None
-    packs, newest = read_authorities(conn, v, component_packs=())
-    parent_activations = {
-        pack: kept.entries(ACTIVATIONS, pack_unit(pack))[0] for pack in kept.packs()
-    }
-    affected = _affected(conn, v, _changed_packs(parent_activations, packs))
+    newest, dirty = _newest_attempts(conn, v)
+    try:
+        parent_packs = kept.packs()
+    except UnicodeDecodeError:
+        return None  # not fragments this code wrote, though they digest right: not used
+    affected = _affected(conn, v, (_moved_packs(conn, v) | dirty) & parent_packs)
     if len(affected) > INCREMENTAL_LIMIT * len(kept.sections[GRANTS]):
-        return None
+        raise FullBuildDue("too much changed for reuse to pay")
     bindings = _bindings_of(conn, v, affected)
     touched = {b.pack for b in bindings}
-    for audience in affected:
-        touched.update(e[2] for e in kept.entries(GRANTS, audience_unit(audience)))
-    components = read_components(conn, v, touched)
-    for pack, found in components.items():
-        packs[pack] = replace(packs[pack], components=found)
+    try:
+        for audience in affected:
+            touched.update(e[2] for e in kept.entries(GRANTS, audience_unit(audience)))
+    except (orjson.JSONDecodeError, IndexError, TypeError):
+        return None
+    # Only the packs re-encoded: their authority, checked (R13) and with components.
+    packs, _ = read_authorities(conn, v, component_packs=touched, only=touched)
     problems = validate(CatalogInput(bindings, packs))
     if problems:
         raise PublicationRejected(problems)
     bound = _bound_components(conn, v, touched)
     if any(
-        (kind, key) not in packs[pack].components
+        (auth := packs.get(pack)) is None or (kind, key) not in auth.components
         for pack, rows in bound.items()
         for _, kind, key in rows
     ):
-        return None  # a pack bound to what it does not hold: the full build names it
+        raise FullBuildDue("a pack is bound to a component it does not hold")
     following = next_revision(kept, bindings, affected, bound, packs)
+    try:
+        parent_activations = {
+            p: kept.entries(ACTIVATIONS, pack_unit(p))[0] for p in touched & parent_packs
+        }
+    except (orjson.JSONDecodeError, IndexError):
+        return None
     parent = ParentState(
         revision=kept.revision,
         content_digest=kept.content_digest,
-        activations={p: parent_activations[p] for p in touched if p in parent_activations},
+        activations=parent_activations,
         audiences=_audience_digests(conn, v[CatalogView.name], affected),
     )
     built = BuiltCatalog(
@@ -574,9 +607,61 @@ def read_from_fragments(ledger: Ledger, conn: Connection) -> FragmentSnapshot | 
         newest,
         built,
         following,
-        kept.packs() | touched,  # what the parent or this revision binds
+        parent_packs | touched,  # what the parent or this revision binds
         kept.audiences() | affected,
     )
+
+
+def _newest_attempts(
+    conn: Connection, versions: Mapping[str, int]
+) -> tuple[dict[str, str], set[str]]:
+    """Each pack's newest attempt (install id), and the packs whose newest attempt is
+    failed_dirty (their publication is blocked, R12)."""
+    gen = PACK_GENERATION.physical
+    newest: dict[str, tuple[str, str]] = {}
+    for rows in stream_rows(
+        conn,
+        sa.select(gen.c.pack, gen.c.install_id, gen.c.status)
+        .where(gen.c.view_version == versions[PackGenerationView.name])
+        .order_by(gen.c.pack, gen.c.ordinal),
+    ):
+        for pack, install_id, status in rows:
+            newest[dec(pack)] = (dec(install_id), dec(status))
+    return (
+        {p: i for p, (i, _) in newest.items()},
+        {p for p, (_, status) in newest.items() if status == "failed_dirty"},
+    )
+
+
+def _moved_packs(conn: Connection, versions: Mapping[str, int]) -> set[str]:
+    """The packs the parent revision bound whose activation is gone or is not the one
+    it bound (one query: every other pack keeps the parent's authority, but for a
+    failed_dirty newest attempt, ``_newest_attempts``)."""
+    ca, act = CATALOG_ACTIVATION.physical, PACK_ACTIVATION.physical
+    query = (
+        sa.select(ca.c.pack)
+        .select_from(
+            ca.outerjoin(
+                act,
+                sa.and_(
+                    act.c.view_version == versions[PackActivationView.name],
+                    act.c.pack == ca.c.pack,
+                ),
+            )
+        )
+        .where(
+            ca.c.view_version == versions[CatalogView.name],
+            ca.c.to_revision == OPEN,
+            sa.or_(
+                act.c.pack.is_(None),
+                act.c.install_id != ca.c.install_id,
+                act.c.revision != ca.c.revision,
+                act.c.epoch != ca.c.epoch,
+                act.c.payload_hash != ca.c.payload_hash,
+            ),
+        )
+    )
+    return {dec(r[0]) for r in conn.execute(query)}
 
 
 def read_head(conn: Connection, version: int) -> tuple[int, str] | None:
@@ -959,7 +1044,7 @@ class PublishCommand(ServiceCore):
         if self.incremental:
             try:
                 planned = self._plan_from_fragments(conn) or self._plan_streamed(conn)
-            except PublicationRejected:
+            except (PublicationRejected, FullBuildDue):
                 planned = None  # the full build below names every problem, as it always has
             if planned is not None:
                 return planned
@@ -990,7 +1075,7 @@ class PublishCommand(ServiceCore):
         inc = read_incremental(self.ledger, conn)
         if inc is None:
             return None
-        kept = Fragments(inc.parent.revision + 1, "")
+        kept = Fragments(inc.parent.revision + 1, "") if fragments.present(conn) else None
         built = build_incremental(
             CatalogInput(inc.bindings, inc.packs),
             inc.affected,
@@ -998,10 +1083,11 @@ class PublishCommand(ServiceCore):
             lambda: stream_content(conn, inc.versions, inc.packs, kept),
         )
         plan = plan_built(built, inc.parent, inc.position)
-        kept.content_digest = built.content_digest
         keep = None
-        if plan.event is not None and kept.digest() == built.content_digest:
-            keep = fragments.writer(kept, None)
+        if kept is not None and plan.event is not None:
+            kept.content_digest = built.content_digest
+            if kept.digest() == built.content_digest:
+                keep = fragments.writer(kept, None)
         used = {a[0] for a in built.activations} | set(inc.parent.activations)
         audiences = set(built.audience_digests) | set(inc.parent.audiences)
         return inc, plan, used, audiences, keep

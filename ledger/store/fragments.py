@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -45,6 +46,9 @@ _MARKER = 0
 _MARKER_UNIT: Unit = (b"", b"")
 #: Rows per INSERT batch.
 _BATCH = 500
+#: The largest body kept: a row far below any engine's packet limit (MariaDB's default
+#: max_allowed_packet is 16 MiB). A revision with a larger fragment keeps none.
+MAX_BODY = 4 << 20
 
 log = get_logger("publish")
 
@@ -75,8 +79,9 @@ def read(conn: Connection, revision: int, content_digest: str | None) -> Fragmen
         ):
             for section, unit_a, unit_b, entries, body in rows:
                 sections[section - 1][(bytes(unit_a), bytes(unit_b))] = (int(entries), bytes(body))
-        whole = fragments.digest() == content_digest
+        whole = fragments.digest() == content_digest and _labelled(fragments)
     except (IndexError, TypeError, ValueError):  # a row that is not what this table holds
+        # (UnicodeDecodeError is a ValueError)
         whole = False
     if not whole:
         log.warning(
@@ -86,6 +91,33 @@ def read(conn: Connection, revision: int, content_digest: str | None) -> Fragmen
         )
         return None
     return fragments
+
+
+def _labelled(fragments: Fragments) -> bool:
+    """Does every fragment hold exactly its own unit's entries, as many as it says?
+
+    The digest covers the bodies in key order, not the keys or the counts: a key
+    edited, or entries moved from one fragment to another, is caught here. Entries are
+    flat JSON arrays of strings, numbers and nulls, so ``,["`` only ever separates two
+    entries (a quote inside a string is escaped) and each entry of a unit begins with
+    its key's JSON.
+    """
+    activations, facts, grants = fragments.sections
+    if activations.keys() != facts.keys():
+        return False
+    for section in (activations, facts, grants):
+        for (a, b), (count, body) in section.items():
+            if section is grants:
+                prefix = b"[" + orjson.dumps(a.decode()) + b"," + orjson.dumps(b.decode()) + b","
+            elif b:
+                return False
+            else:
+                prefix = b"[" + orjson.dumps(a.decode()) + b","
+            if count < 1 or body.count(b',["') + 1 != count or body.count(prefix) != count:
+                return False
+            if section is activations and count != 1:
+                return False
+    return True
 
 
 def writer(
@@ -98,6 +130,10 @@ def writer(
         if not present(conn):
             return
         f = FRAGMENTS.c
+        written = fragments.sections if changes is None else changes
+        if any(len(x[1]) > MAX_BODY for units in written for x in units.values() if x):
+            conn.execute(FRAGMENTS.delete().where(f.section == _MARKER))  # none trusted
+            return
         if changes is None:
             conn.execute(FRAGMENTS.delete())
             updates: list[tuple[int, Unit, Fragment | None]] = [
