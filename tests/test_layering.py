@@ -47,7 +47,9 @@ ALLOWED_OURS = {
     # declaration of binary identity semantics for every table in the store.
     "projections": {"domain", "ledger.log.sqltypes"},
     "ledger.log": {"domain"},
-    "ledger.store": {"domain", "ledger.log", "ledger.observability", "projections"},
+    # The store keeps the publisher's derived fragments (its table, read and written
+    # in the shapes of the pure ``publisher.fragments``): publisher is as inward as views.
+    "ledger.store": {"domain", "ledger.log", "ledger.observability", "projections", "publisher"},
     "ledger.commands": {
         "domain",
         "ledger.log",
