@@ -491,29 +491,28 @@ def report(scales: list[int], results: dict[int, dict[str, Any]]) -> None:
         )
     for scale in scales:
         row = results[scale]
-        if "incremental" in row:
+        if "incremental" not in row:
+            continue
+        packs = row["sizes"]["packs"]
+        for figure, value, target in (
+            (f"incremental/full publish, 1 pack changed among {packs}", "incremental", "<=0.10"),
+            (
+                "incremental publish, parent a full build (no kept fragments)",
+                "incremental_cold",
+                None,
+            ),
+        ):
             summary(
                 bench="publish",
-                figure=f"incremental/full publish, 1 pack changed among {row['sizes']['packs']}",
+                figure=figure,
                 engine="sqlite",
                 workers=1,
-                value=row["incremental"],
+                value=row[value],
                 unit="s",
                 peer="full rebuild (incremental=False), same catalog",
                 peer_value=row["full_same"],
-                ratio=row["incremental"] / row["full_same"],
-                target="<=0.10",
-            )
-            summary(
-                bench="publish",
-                figure="incremental publish, parent a full build (no kept fragments)",
-                engine="sqlite",
-                workers=1,
-                value=row["incremental_cold"],
-                unit="s",
-                peer="full rebuild (incremental=False), same catalog",
-                peer_value=row["full_same"],
-                ratio=row["incremental_cold"] / row["full_same"],
+                ratio=row[value] / row["full_same"],
+                target=target,
             )
 
 

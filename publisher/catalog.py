@@ -52,6 +52,18 @@ class BindingRow:
     def audience(self) -> Audience:
         return (self.audience_kind, self.audience_id)
 
+    def grant(self) -> list[Any]:
+        """The binding's entry in the content's grants section."""
+        return [
+            self.audience_kind,
+            self.audience_id,
+            self.pack,
+            self.kind,
+            self.key,
+            self.credential_set,
+            self.install_id,
+        ]
+
     @property
     def ident(self) -> tuple[str, str, str, str, str, str]:
         """Bytewise identity and sort key (a missing credential set sorts first as "")."""
@@ -414,17 +426,7 @@ def build_catalog(catalog: CatalogInput, *, keep_rows: bool = True) -> BuiltCata
         edges = []
         ids = set()
         for b in rows:
-            chunk.append(
-                [
-                    b.audience_kind,
-                    b.audience_id,
-                    b.pack,
-                    b.kind,
-                    b.key,
-                    b.credential_set,
-                    b.install_id,
-                ]
-            )
+            chunk.append(b.grant())
             edges.append([b.pack, b.kind, b.key, b.credential_set, b.install_id])
             ids.add((b.pack, b.install_id, b.kind, b.key))
         audience_digests[audience] = audience_digest(
@@ -452,6 +454,16 @@ def build_catalog(catalog: CatalogInput, *, keep_rows: bool = True) -> BuiltCata
         audience_digests=audience_digests,
         totals=None if keep_rows else totals,
     )
+
+
+def digest_of(
+    audience: Audience, rows: Sequence[BindingRow], packs: Mapping[str, PackAuthority]
+) -> str:
+    """The audience digest of one audience's (validated) bindings, in ``ident`` order."""
+    edges = [[b.pack, b.kind, b.key, b.credential_set, b.install_id] for b in rows]
+    ids = sorted({(b.pack, b.install_id, b.kind, b.key) for b in rows})
+    facts = [[*k, packs[k[0]].components[(k[2], k[3])].fact_digest.hex()] for k in ids]
+    return audience_digest(audience, edges, facts)
 
 
 def _by_audience(ordered: Sequence[BindingRow]) -> Iterator[tuple[Audience, list[BindingRow]]]:
@@ -509,31 +521,28 @@ def build_incremental(
     packs = changed.packs
     for audience, rows in _by_audience(ordered):
         assert audience in affected, audience
-        edges = [[b.pack, b.kind, b.key, b.credential_set, b.install_id] for b in rows]
-        ids = sorted({(b.pack, b.install_id, b.kind, b.key) for b in rows})
-        facts = [[*k, packs[k[0]].components[(k[2], k[3])].fact_digest.hex()] for k in ids]
-        digests[audience] = audience_digest(audience, edges, facts)
+        digests[audience] = digest_of(audience, rows, packs)
     streamed = content()
-    digest_of = ContentDigest()
-    digest_of.add(streamed.activations)
-    digest_of.next_section()
+    content_of = ContentDigest()
+    content_of.add(streamed.activations)
+    content_of.next_section()
     for entries in streamed.facts:
-        digest_of.add_chunk(entries)
-    fact_count = digest_of.count
-    digest_of.next_section()
+        content_of.add_chunk(entries)
+    fact_count = content_of.count
+    content_of.next_section()
     for entries in streamed.grants:
-        digest_of.add_chunk(entries)
+        content_of.add_chunk(entries)
     totals = {
         "audiences": len(digests),
         "activations": len(streamed.activations),
         "facts": fact_count,
-        "grants": digest_of.count,
+        "grants": content_of.count,
     }
     return BuiltCatalog(
         activations=streamed.activations,
         facts=[],
         grants=[],
-        content_digest=digest_of.hexdigest(),
+        content_digest=content_of.hexdigest(),
         audience_digests=dict(sorted(digests.items())),
         totals=totals,
     )

@@ -21,8 +21,7 @@ from typing import Any
 
 import orjson
 
-from domain.catalog import audience_digest
-from publisher.catalog import Audience, BindingRow, ContentDigest, PackAuthority
+from publisher.catalog import Audience, BindingRow, ContentDigest, PackAuthority, digest_of
 
 #: A fragment's key: a pack (``(pack, b"")``) or an audience (``(kind, id)``), as stored
 #: bytes, so that key order is the canonical (bytewise) order.
@@ -135,25 +134,8 @@ def next_revision(
             changes[GRANTS][unit] = None
             continue
         rows.sort(key=lambda x: x.ident)
-        edges = [[b.pack, b.kind, b.key, b.credential_set, b.install_id] for b in rows]
-        ids = sorted({(b.pack, b.install_id, b.kind, b.key) for b in rows})
-        facts = [[*k, packs[k[0]].components[(k[2], k[3])].fact_digest.hex()] for k in ids]
-        digests[audience] = audience_digest(audience, edges, facts)
-        fragment = encoded(
-            [
-                [
-                    b.audience_kind,
-                    b.audience_id,
-                    b.pack,
-                    b.kind,
-                    b.key,
-                    b.credential_set,
-                    b.install_id,
-                ]
-                for b in rows
-            ]
-        )
-        sections[GRANTS][unit] = changes[GRANTS][unit] = fragment
+        digests[audience] = digest_of(audience, rows, packs)
+        sections[GRANTS][unit] = changes[GRANTS][unit] = encoded([b.grant() for b in rows])
     activations: list[list[Any]] = []
     for pack, components in sorted(bound.items()):
         unit = pack_unit(pack)
