@@ -73,6 +73,9 @@ AUDIENCE_BINDING = view_table(
         sa.Column("payload_hash", Binary(80), nullable=False),
         sa.Column("position", BigInt(), nullable=False),
     ),
+    # Publication's access path by pack: the audiences binding a pack whose authority
+    # moved, and what a pack has bound (the incremental build re-encodes that pack).
+    indexes=[["pack"]],
 )
 
 

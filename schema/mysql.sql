@@ -67,6 +67,7 @@ CREATE TABLE view_audience_binding (
 	position BIGINT NOT NULL,
 	PRIMARY KEY (view_version, audience_kind, audience_id, pack, kind, `key`, credential_set)
 );
+CREATE INDEX ix_view_audience_binding_0 ON view_audience_binding (view_version, pack);
 
 CREATE TABLE view_catalog_activation (
 	view_version INTEGER NOT NULL,

@@ -664,16 +664,26 @@ def _moved_packs(conn: Connection, versions: Mapping[str, int]) -> set[str]:
     return {dec(r[0]) for r in conn.execute(query)}
 
 
-def read_head(conn: Connection, version: int) -> tuple[int, str] | None:
-    """The head revision's number and content digest (``None``: none yet)."""
+def read_head(conn: Connection, version: int) -> tuple[int, str, dict[str, int]] | None:
+    """The head revision's number, content digest and counts (``None``: none yet)."""
     rev = CATALOG_REVISION.physical
     head = conn.execute(
-        sa.select(rev.c.revision, rev.c.content_digest)
+        sa.select(
+            rev.c.revision,
+            rev.c.content_digest,
+            rev.c.audiences,
+            rev.c.activations,
+            rev.c.facts,
+            rev.c.grants,
+        )
         .where(rev.c.view_version == version)
         .order_by(rev.c.revision.desc())
         .limit(1)
     ).one_or_none()
-    return None if head is None else (int(head.revision), dec(head.content_digest))
+    if head is None:
+        return None
+    counts = {k: int(head._mapping[k]) for k in ("audiences", "activations", "facts", "grants")}
+    return int(head.revision), dec(head.content_digest), counts
 
 
 def stream_content(

@@ -58,8 +58,12 @@ def present(conn: Connection) -> bool:
     return sa.inspect(conn).has_table(FRAGMENTS.name)
 
 
-def read(conn: Connection, revision: int, content_digest: str | None) -> Fragments | None:
-    """The fragments of ``revision`` if they are whole and digest to ``content_digest``."""
+def read(
+    conn: Connection, revision: int, content_digest: str | None, counts: Mapping[str, int]
+) -> Fragments | None:
+    """The fragments of ``revision`` if they are whole: they digest to its
+    ``content_digest`` and hold its ``counts`` (audiences, activations, facts, grants),
+    each fragment its own unit's entries only."""
     if content_digest is None or not present(conn):
         return None
     f = FRAGMENTS.c
@@ -79,7 +83,11 @@ def read(conn: Connection, revision: int, content_digest: str | None) -> Fragmen
         ):
             for section, unit_a, unit_b, entries, body in rows:
                 sections[section - 1][(bytes(unit_a), bytes(unit_b))] = (int(entries), bytes(body))
-        whole = fragments.digest() == content_digest and _labelled(fragments)
+        whole = (
+            fragments.counts() == dict(counts)
+            and fragments.digest() == content_digest
+            and _labelled(fragments)
+        )
     except (IndexError, TypeError, ValueError):  # a row that is not what this table holds
         # (UnicodeDecodeError is a ValueError)
         whole = False
@@ -97,10 +105,12 @@ def _labelled(fragments: Fragments) -> bool:
     """Does every fragment hold exactly its own unit's entries, as many as it says?
 
     The digest covers the bodies in key order, not the keys or the counts: a key
-    edited, or entries moved from one fragment to another, is caught here. Entries are
-    flat JSON arrays of strings, numbers and nulls, so ``,["`` only ever separates two
-    entries (a quote inside a string is escaped) and each entry of a unit begins with
-    its key's JSON.
+    edited, or entries moved from one fragment to another, is caught here. Each entry
+    of a unit begins with its key's JSON (a flat array: ``["pack",`` or
+    ``["kind","id",``; a quote inside a string is escaped, so that prefix only ever
+    begins an entry). As many such entries as the fragment says, in every fragment,
+    and as many in all as the revision holds (checked by the caller), leave no entry
+    of another unit anywhere.
     """
     activations, facts, grants = fragments.sections
     if activations.keys() != facts.keys():
@@ -113,7 +123,7 @@ def _labelled(fragments: Fragments) -> bool:
                 return False
             else:
                 prefix = b"[" + orjson.dumps(a.decode()) + b","
-            if count < 1 or body.count(b',["') + 1 != count or body.count(prefix) != count:
+            if count < 1 or body.count(prefix) != count:
                 return False
             if section is activations and count != 1:
                 return False
