@@ -537,10 +537,11 @@ def read_from_fragments(ledger: Ledger, conn: Connection) -> FragmentSnapshot | 
     """The next revision from the parent's kept fragments (``ledger.store.fragments``),
     or ``None`` when there are none to trust or too much changed.
 
-    What it reads follows the change, not the catalog, but for one row per pack (their
-    authorities) and the kept fragments: the affected audiences (as
-    ``read_incremental`` finds them) with all their bindings, validated completely
-    (R16); the packs those bind or bound, with the components bound by any audience.
+    What it reads follows the change, not the catalog, but for each pack's newest
+    attempt, one join of the parent's activations with the current ones, and the kept
+    fragments: the affected audiences (as ``read_incremental`` finds them) with all
+    their bindings, validated completely (R16); the packs those bind or bound, with
+    their authorities (R13) and the components bound by any audience.
     Raises ``PublicationRejected`` as the full build would reject, and ``FullBuildDue``
     when the full build is the one to run (the caller then runs it; it names every
     problem).
@@ -575,11 +576,13 @@ def read_from_fragments(ledger: Ledger, conn: Connection) -> FragmentSnapshot | 
         raise PublicationRejected(problems)
     bound = _bound_components(conn, v, touched)
     if any(
-        (auth := packs.get(pack)) is None or (kind, key) not in auth.components
+        (auth := packs.get(pack)) is None
+        or install_id != auth.install_id
+        or (kind, key) not in auth.components
         for pack, rows in bound.items()
-        for _, kind, key in rows
+        for install_id, kind, key in rows
     ):
-        raise FullBuildDue("a pack is bound to a component it does not hold")
+        raise FullBuildDue("a pack is bound to what its active generation does not hold")
     following = next_revision(kept, bindings, affected, bound, packs)
     try:
         parent_activations = {
