@@ -194,6 +194,11 @@ class Catalog(Aggregate):
         counts: dict[str, int]
         #: The log position bindings were read at (None: all before this event).
         bindings_position: int | None
+        #: Schema v2: the audience map's root over every audience in force
+        #: (``domain.audience_map``); from v2 on ``audiences`` is always empty and each
+        #: changed audience is its own ``audience_view.published`` event in the same
+        #: append (v1 rows: None).
+        audiences_root: str | None
 
     @staticmethod
     def create_id(name: str = CATALOG_NAME, **_: Any) -> UUID:
@@ -216,6 +221,7 @@ class Catalog(Aggregate):
         audiences: list[list[Any]],
         counts: dict[str, int],
         bindings_position: int | None,
+        audiences_root: str | None,
     ) -> None:
         self.revision = revision
         self.content_digest = content_digest
@@ -225,21 +231,72 @@ class Catalog(Aggregate):
         content_digest: str,
         activations: list[list[Any]],
         released_packs: list[str],
-        audiences: list[list[Any]],
         counts: dict[str, int],
         bindings_position: int | None,
+        audiences_root: str,
     ) -> None:
-        """Append revision n+1 with the parent's digest (R17)."""
+        """Append revision n+1 with the parent's digest (R17). The audiences whose view
+        changed are ``PublishedView`` events of the same append, not listed here."""
         self._published(
             revision=self.revision + 1,
             content_digest=content_digest,
             parent_digest=self.content_digest,
             activations=activations,
             released_packs=released_packs,
-            audiences=audiences,
+            audiences=[],
             counts=counts,
             bindings_position=bindings_position,
+            audiences_root=audiences_root,
         )
+
+
+class PublishedView(Aggregate):
+    """One audience's published view digests: an event per revision that changed it.
+
+    Appended in the revision's own append, before its ``catalog.published`` event, for
+    every audience whose view digest differs from the one its last event recorded (a
+    store's first revision of this format records every audience in force). The last
+    event answers "this audience's digest now" in one index seek (R28); the revision's
+    ``audiences_root`` commits all of them at once (``domain.audience_map``).
+    """
+
+    class Opened(Aggregate.Created):
+        audience_kind: str
+        audience_id: str
+
+    class Published(Aggregate.Event):
+        audience_kind: str
+        audience_id: str
+        revision: int
+        #: The audience's view digest at ``revision`` (None: it has no grants any more).
+        digest: str | None
+
+    @staticmethod
+    def create_id(audience_kind: str, audience_id: str, **_: Any) -> UUID:
+        return published_view_id(audience_kind, audience_id)
+
+    @event(Opened)
+    def __init__(self, audience_kind: str, audience_id: str) -> None:
+        self.audience_kind = audience_kind
+        self.audience_id = audience_id
+
+    @event(Published)
+    def _published(
+        self, audience_kind: str, audience_id: str, revision: int, digest: str | None
+    ) -> None:
+        pass
+
+    def publish(self, revision: int, digest: str | None) -> None:
+        self._published(
+            audience_kind=self.audience_kind,
+            audience_id=self.audience_id,
+            revision=revision,
+            digest=digest,
+        )
+
+
+def published_view_id(audience_kind: str, audience_id: str) -> UUID:
+    return aggregate_id("audience view", audience_kind, audience_id)
 
 
 def audience_bindings_id(audience_kind: str, audience_id: str) -> UUID:

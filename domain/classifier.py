@@ -123,6 +123,28 @@ def _check_identity(state: PackState, what: str, value: object) -> None:
         raise _inconsistent(state, f"{what} {value!r} is not canonical: {problem}")
 
 
+def pointer_problem(
+    install_id: object,
+    epoch: object,
+    payload_hash: object,
+    status: str | None,
+    generation_epoch: object,
+    applied_payload_hash: object,
+) -> str | None:
+    """R13's pointer check, the one definition: does the activation pointer (``install_id``
+    at ``epoch`` with ``payload_hash``) select a generation that is active and agrees with
+    it? ``status`` is the selected generation's (``None``: it is not in the log). Returns
+    what was found when it does not; the classifier, the publisher's input and the reader
+    all fail closed with it."""
+    if status is None:
+        return "the activation names a generation that is not in the log"
+    if status != GenerationStatus.ACTIVE.value:
+        return f"the activation names generation {install_id} which is {status}"
+    if generation_epoch != epoch or applied_payload_hash != payload_hash:
+        return "the active generation and the activation disagree"
+    return None
+
+
 def classify(state: PackState) -> Condition:
     """The one classifier: every admitted state exactly once; anything else fails closed.
 
@@ -161,15 +183,19 @@ def classify(state: PackState) -> Condition:
         return _first_attempt(state, newest)
     active = state.active
     _check_identity(state, "activation install id", activation.install_id)
-    if active is None or active.install_id != activation.install_id:
-        raise _inconsistent(state, "the activation names a generation that is not in the log")
-    if active.status is not GenerationStatus.ACTIVE:
-        raise _inconsistent(
-            state,
-            f"the activation names generation {active.install_id} which is {active.status.value}",
-        )
-    if active.epoch != activation.epoch or active.applied_payload_hash != activation.payload_hash:
-        raise _inconsistent(state, "the active generation and the activation disagree")
+    if active is not None and active.install_id != activation.install_id:
+        active = None
+    problem = pointer_problem(
+        activation.install_id,
+        activation.epoch,
+        activation.payload_hash,
+        None if active is None else active.status.value,
+        None if active is None else active.epoch,
+        None if active is None else active.applied_payload_hash,
+    )
+    if problem is not None:
+        raise _inconsistent(state, problem)
+    assert active is not None
     if activation.epoch < 1:
         raise _inconsistent(state, f"activation epoch {activation.epoch} is not positive")
     if newest.install_id == active.install_id:

@@ -36,6 +36,11 @@ class Purpose(StrEnum):
     PROJECTION = "catalog-ledger 2026-11 projection rows v1"
     #: A credential's bearer token (R26): the log holds only this digest, never the token.
     CREDENTIAL_TOKEN = "catalog-ledger 2026-11 credential token v1"
+    #: The audience map (R28, R29): a sparse Merkle tree of every audience's view digest,
+    #: its root carried by each revision (``domain.audience_map``).
+    AUDIENCE_MAP_KEY = "catalog-ledger 2026-12 audience map key v1"
+    AUDIENCE_MAP_LEAF = "catalog-ledger 2026-12 audience map leaf v1"
+    AUDIENCE_MAP_NODE = "catalog-ledger 2026-12 audience map node v1"
 
 
 _U64 = struct.Struct(">Q")

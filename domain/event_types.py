@@ -37,11 +37,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+from uuid import UUID
 
 import orjson
 from eventsourcing.domain import Aggregate
 
-from domain.catalog import AudienceBindings, Catalog
+from domain.catalog import AudienceBindings, Catalog, PublishedView
 from domain.coordination import CommandRecord, Lease
 from domain.credentials import Credential
 from domain.errors import IntegrityFailure
@@ -281,7 +282,19 @@ PRODUCT_TYPES: tuple[EventType, ...] = (
         {2: {"install_id": None}},
     ),
     _t("catalog.opened", Catalog.Opened, Catalog, "domain.catalog:Catalog.Opened"),
-    _t("catalog.published", Catalog.Published, Catalog, "domain.catalog:Catalog.Published"),
+    # v2 (issue 24, R28): ``audiences_root`` commits every audience's view digest, and
+    # the changed audiences move out of the revision event into their own
+    # ``audience_view.published`` events (``audiences`` stays, always empty).
+    _t(
+        "catalog.published",
+        Catalog.Published,
+        Catalog,
+        "domain.catalog:Catalog.Published",
+        {2: {"audiences_root": None}},
+    ),
+    # New in issue 24 (R28): each audience's published view digest, per revision.
+    EventType("audience_view.opened", PublishedView.Opened, PublishedView),
+    EventType("audience_view.published", PublishedView.Published, PublishedView),
     # New in format v1 (issue 16): audience credentials (R26); the token's digest only.
     EventType("credential.issued", Credential.Issued, Credential),
     EventType("credential.revoked", Credential.Revoked, Credential),
@@ -309,6 +322,8 @@ T_GRANTED = "binding.granted"
 T_REBOUND = "binding.rebound"
 T_REVOKED = "binding.revoked"
 T_PUBLISHED = "catalog.published"
+T_VIEW_OPENED = "audience_view.opened"
+T_VIEW_PUBLISHED = "audience_view.published"
 T_RECORDED = "command.recorded"
 T_CREDENTIAL_ISSUED = "credential.issued"
 T_CREDENTIAL_REVOKED = "credential.revoked"
@@ -333,11 +348,60 @@ REPLAY_TYPES = frozenset(
         Lease,
         AudienceBindings,
         Catalog,
+        PublishedView,
         Credential,
     )
 )
 #: Types whose facts are about one audience (``history --audience``): its bindings and
 #: its credentials.
 AUDIENCE_TYPES = frozenset(
-    t.name for t in EVENT_TYPES if t.aggregate in (AudienceBindings, Credential)
+    t.name for t in EVENT_TYPES if t.aggregate in (AudienceBindings, PublishedView, Credential)
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """One log row decoded through the type table: its place, type and current-version
+    state (upcast, R23)."""
+
+    position: int
+    aggregate_id: UUID
+    version: int
+    type: str
+    data: dict[str, Any]
+
+
+def decode_row(
+    aggregate: object, position: object, version: object, topic: object, state: object
+) -> Decoded:
+    """A stored row as ``Decoded``; a row that is not what the log declares (a cell of
+    another type, a state that is not its type's JSON object, a field missing) is
+    INTEGRITY naming its position (R22, R28), never a crash."""
+    at = position
+    try:
+        at = int(position)  # type: ignore[call-overload]
+        name, data = EVENT_TYPES.decode(_stored_bytes(topic), _stored_bytes(state))
+        missing = [f for f in EVENT_TYPES.named(name).fields() if f not in data]
+        if missing:
+            raise ValueError(f"fields missing: {', '.join(missing)}")
+        return Decoded(at, UUID(bytes=_stored_bytes(aggregate)), int(version), name, data)  # type: ignore[call-overload]
+    except IntegrityFailure as exc:
+        raise IntegrityFailure(
+            f"the log row at position {at} is not readable: {exc.message}",
+            **{**exc.details, "position": at},
+        ) from None
+    except (TypeError, ValueError, AttributeError) as exc:  # orjson's error is a ValueError
+        raise IntegrityFailure(
+            f"the log row at position {at} is not what the log declares "
+            f"({type(exc).__name__}: {exc}); the row was edited outside the store",
+            position=at,
+        ) from None
+
+
+def _stored_bytes(value: object) -> bytes:
+    """A binary cell's value; anything else (TEXT, a number, NULL) is a TypeError."""
+    if type(value) is bytes:
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"a binary column holds {type(value).__name__}")

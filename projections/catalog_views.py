@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from domain.event_types import T_GRANTED, T_PUBLISHED, T_REBOUND, T_REVOKED
+from domain.event_types import T_GRANTED, T_PUBLISHED, T_REBOUND, T_REVOKED, T_VIEW_PUBLISHED
 from ledger.log.sqltypes import BigInt, Binary, enc
 from projections.framework import (
     Projection,
@@ -222,10 +222,19 @@ class CatalogView(Projection):
         CATALOG_AUDIENCE,
         CATALOG_PENDING,
     )
-    types: ClassVar[frozenset[str]] = frozenset({T_GRANTED, T_REBOUND, T_REVOKED, T_PUBLISHED})
+    # ``audience_view.published`` (issue 24) added a type; no row of a log without it
+    # changes, so views built before stay exact: the version is unchanged.
+    types: ClassVar[frozenset[str]] = frozenset(
+        {T_GRANTED, T_REBOUND, T_REVOKED, T_PUBLISHED, T_VIEW_PUBLISHED}
+    )
 
     def apply(self, event: ViewEvent, rows: RowStore) -> None:
         d = event.data
+        if event.type == T_VIEW_PUBLISHED:
+            self._audience(
+                rows, int(d["revision"]), d["audience_kind"], d["audience_id"], d["digest"]
+            )
+            return
         if event.type != T_PUBLISHED:
             key = binding_key(d)
             granted = event.type != T_REVOKED
@@ -311,22 +320,13 @@ class CatalogView(Projection):
             )
         for pack in d["released_packs"]:
             _close(rows, CATALOG_ACTIVATION, open_activations.get((enc(pack), OPEN)), r)
+        # Format v1 lists the changed audiences here; from v2 on each is an
+        # ``audience_view.published`` event of the same append (``_audience``).
         open_audiences = rows.get_many(
             CATALOG_AUDIENCE, [(enc(k), enc(i), OPEN) for k, i, _ in d["audiences"]]
         )
         for kind, ident, value in d["audiences"]:
-            _close(rows, CATALOG_AUDIENCE, open_audiences.get((enc(kind), enc(ident), OPEN)), r)
-            if value is not None:
-                rows.put(
-                    CATALOG_AUDIENCE,
-                    {
-                        "audience_kind": enc(kind),
-                        "audience_id": enc(ident),
-                        "to_revision": OPEN,
-                        "from_revision": r,
-                        "digest": enc(value),
-                    },
-                )
+            self._audience(rows, r, kind, ident, value, open_audiences)
         counts = d["counts"]
         rows.put(
             CATALOG_REVISION,
@@ -341,6 +341,31 @@ class CatalogView(Projection):
                 "grants": counts["grants"],
             },
         )
+
+    @staticmethod
+    def _audience(
+        rows: RowStore,
+        revision: int,
+        kind: str,
+        ident: str,
+        value: str | None,
+        open_rows: dict[tuple[Any, ...], Row] | None = None,
+    ) -> None:
+        """The audience's digest from ``revision`` on (``None``: it has no view any more)."""
+        key = (enc(kind), enc(ident), OPEN)
+        current = open_rows.get(key) if open_rows is not None else rows.get(CATALOG_AUDIENCE, key)
+        _close(rows, CATALOG_AUDIENCE, current, revision)
+        if value is not None:
+            rows.put(
+                CATALOG_AUDIENCE,
+                {
+                    "audience_kind": enc(kind),
+                    "audience_id": enc(ident),
+                    "to_revision": OPEN,
+                    "from_revision": revision,
+                    "digest": enc(value),
+                },
+            )
 
 
 CATALOG_PROJECTIONS: tuple[Projection, ...] = (AudienceBindingView(), CatalogView())

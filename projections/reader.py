@@ -1,26 +1,31 @@
-"""The runtime reader: one audience's view at the active catalog revision (R18, R19).
+"""The runtime reader: one audience's view at the active catalog revision (R18, R19, R28).
 
-One SELECT statement — one consistent snapshot on every engine, so it needs
-no surrounding transaction — answers everything:
+A view is a cache of the log (R28): what the reader serves is read from the views and
+then checked against what the log committed. Two statements, each one consistent
+snapshot on every engine:
 
-1. the views it reads are running, and the head revision, its content digest
-   and this audience's recorded view digest;
-2. the audience's grant edges in force at the head, each joined with the fact
-   it names and with the pack's *current* activation.
+1. from the views: the views it reads are running, the head revision, its content
+   digest and this audience's recorded view digest, and the audience's grant edges in
+   force at the head, each joined with the fact it names; and the log head's position;
+2. from the log, one index seek each: the last event of the catalog lineage (the
+   revision in force and its content digest), of the audience's published views (its
+   digest at that revision), and of each bound pack's activation pointer and of the
+   generation it selects (R13).
 
-Then, without another query, the reader fails closed: MISSING when the
-audience has no grants (the same bytes whatever the cause), STALE when the
-head is older than required or a bound generation is no longer active,
-INTEGRITY when a fact's bytes or the audience's rows no longer match their
-recorded digests. There is no fallback to the compatibility view, the log or
-the sources.
+If anything was appended between the two, the read starts again. Then the reader
+fails closed: MISSING when the log holds no view for the audience (the same bytes
+whatever the cause, R19); INTEGRITY, naming the table and key, when a view row is
+missing, extra or edited — its revision, digest or rows do not match the log, or a
+fact's bytes do not match its digest — never MISSING and never other bytes; STALE when
+the head is older than required or a bound generation is no longer active. There is no
+fallback to the compatibility view, the sources, or a replay.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -29,10 +34,20 @@ from typing import Any, Protocol
 
 import orjson
 
-from domain.catalog import audience_digest
+from domain.catalog import audience_digest, catalog_id, published_view_id
+from domain.classifier import pointer_problem
 from domain.content import fact_hasher
 from domain.errors import IntegrityFailure, InvalidInput, LifecycleRejected, Missing, Stale
+from domain.event_types import (
+    T_ACTIVATED,
+    T_PUBLISHED,
+    T_REMOVED,
+    T_VIEW_PUBLISHED,
+    Decoded,
+    decode_row,
+)
 from domain.identity import Audience
+from domain.lifecycle import activation_id, generation_id
 from projections.catalog_views import OPEN, CatalogView
 from projections.framework import Projection, code_mismatch
 from projections.lifecycle_views import PackActivationView, PackComponentView, PackGenerationView
@@ -151,9 +166,8 @@ def _position(name: str) -> str:
 _VIEW_SQL = """
 SELECT h.stopped, h.revision, r.content_digest, u.digest, h.cc, h.pc, h.ac, h.nc,
        h.cv, h.pv, h.av, h.nv, h.cq, h.pq, h.aq, h.nq,
-       g.pack, g.kind, g.{key}, g.credential_set, g.install_id, g.payload_hash,
-       c.fact, c.fact_digest, a.install_id,
-       a.epoch, a.payload_hash, n.status, n.epoch, n.applied_payload_hash
+       h.hp, g.pack, g.kind, g.{key}, g.credential_set, g.install_id, g.payload_hash,
+       c.fact, c.fact_digest
 FROM (SELECT s.*,
              (SELECT MAX(revision) FROM view_catalog_revision WHERE view_version = s.cv)
                AS revision
@@ -168,21 +182,20 @@ LEFT JOIN view_catalog_grant g
 LEFT JOIN view_pack_component c
   ON c.view_version = h.pv AND c.pack = g.pack AND c.install_id = g.install_id
   AND c.kind = g.kind AND c.{key} = g.{key}
-LEFT JOIN view_pack_activation a ON a.view_version = h.av AND a.pack = g.pack
-LEFT JOIN view_pack_generation n
-  ON n.view_version = h.nv AND n.pack = a.pack AND n.install_id = a.install_id
 """
 
 #: The serving state (R18 with a cache): the served views' stopped flag, code and live
-#: versions and positions, in one row. The four views are inline (R20), so their
-#: positions move in every append transaction and a blue/green swap moves their live
-#: versions: while this row is unchanged, no revision was published, no activation or
-#: generation moved and no view was swapped or stopped, so a view verified at this
-#: state is still the one a full read would verify. One primary-key read of four rows.
+#: versions and positions, and the log head's position, in one row. Every append moves
+#: the log head (and the inline views' positions), and a blue/green swap moves the live
+#: versions: while this row is unchanged, nothing was appended and no view was swapped or
+#: stopped, so a view verified against the log at this state is still the one a full
+#: read would verify (R28: the log head is the log's own row, not a view's). One
+#: primary-key read of five rows.
 _STATE_SQL = """
 SELECT MAX(stopped) AS stopped, {cat_code} AS cc, {comp_code} AS pc, {act_code} AS ac,
        {gen_code} AS nc, {cat} AS cv, {comp} AS pv, {act} AS av, {gen} AS nv,
-       {cat_pos} AS cq, {comp_pos} AS pq, {act_pos} AS aq, {gen_pos} AS nq
+       {cat_pos} AS cq, {comp_pos} AS pq, {act_pos} AS aq, {gen_pos} AS nq,
+       (SELECT position FROM ledger_head WHERE id = 1) AS hp
 FROM projection_state WHERE name IN ({views})
 """
 
@@ -194,9 +207,23 @@ _SHORT = {
 }
 _VIEWS = ", ".join(f"X'{n.encode().hex()}'" for n in _SHORT.values())
 
-_HEAD_SQL = """
-SELECT revision, content_digest FROM _System_CatalogRevision ORDER BY revision DESC LIMIT 1
+#: The last event of each of some aggregates (one seek each on (aggregate_id, version)),
+#: with the log head's position (nothing appended between the two statements of a read).
+_LOG_SQL = """
+SELECT e.aggregate_id, e.position, e.version, e.topic, e.state,
+       (SELECT position FROM ledger_head WHERE id = 1)
+FROM ledger_events e
+JOIN (SELECT aggregate_id, MAX(version) AS version FROM ledger_events
+      WHERE aggregate_id IN ({ids}) GROUP BY aggregate_id) m
+  ON e.aggregate_id = m.aggregate_id AND e.version = m.version
 """
+#: Every event of one aggregate, in order (a format-v1 catalog lineage's audience digests).
+_LINEAGE_SQL = """
+SELECT aggregate_id, position, version, topic, state FROM ledger_events
+WHERE aggregate_id = {p} ORDER BY version
+"""
+#: Reads that saw an append between their two statements start again this many times.
+_ATTEMPTS = 3
 
 
 class StatementStore(Protocol):
@@ -222,6 +249,10 @@ class CatalogReader:
             },
         )
         self._view_sql = _VIEW_SQL.format(p=p, key=key, state=self._state_sql)
+        self._mark = p
+        self._lineage_sql = _LINEAGE_SQL.format(p=p)
+        #: A format-v1 lineage's audience digests, by the lineage's last version.
+        self._v1: tuple[int, dict[tuple[str, str], str | None]] | None = None
         #: Verified views by audience, each with the serving state it was verified at.
         self._cache: dict[tuple[str, str], tuple[tuple[Any, ...], AudienceView]] = {}
         self.cache_size = cache_size
@@ -232,10 +263,43 @@ class CatalogReader:
         self.misses = 0
 
     def head(self) -> CatalogHead:
-        rows = self.store.query(_HEAD_SQL)
-        if not rows:
+        """The revision in force, from the last event of the catalog lineage (R28)."""
+        lineage = self._last_events([catalog_id()])[0].get(catalog_id())
+        if lineage is None or lineage.type != T_PUBLISHED:
             raise _missing()
-        return CatalogHead(int(rows[0][0]), bytes(rows[0][1]).decode())
+        revision, content, _ = _revision_of(lineage)
+        return CatalogHead(revision, content)
+
+    def _last_events(self, ids: Sequence[Any]) -> tuple[dict[Any, Decoded], int | None]:
+        """The last event of each aggregate of ``ids`` that has any, and the log head."""
+        keys = sorted({i.bytes for i in ids})
+        sql = _LOG_SQL.format(ids=", ".join([self._mark] * len(keys)))
+        by_bytes = {i.bytes: i for i in ids}
+        out: dict[Any, Decoded] = {}
+        head = None
+        for row in self.store.query(sql, keys):
+            found = decode_row(*row[:5])
+            out[by_bytes[found.aggregate_id.bytes]] = found
+            head = row[5]
+        return out, head
+
+    def _v1_digest(self, lineage: Decoded, audience: tuple[str, str]) -> str | None:
+        """The audience's digest in a lineage whose last revision is of format v1 (no
+        audience map yet): the last one a revision event listed for it."""
+        cached = self._v1
+        if cached is None or cached[0] != lineage.version:
+            digests: dict[tuple[str, str], str | None] = {}
+            for row in self.store.query(self._lineage_sql, (catalog_id().bytes,)):
+                event = decode_row(*row)
+                if event.type != T_PUBLISHED:
+                    continue
+                try:
+                    for kind, ident, value in event.data["audiences"]:
+                        digests[(kind, ident)] = value
+                except (TypeError, ValueError) as exc:
+                    raise _log_shape(event, f"audiences is malformed ({exc})") from None
+            cached = self._v1 = (lineage.version, digests)
+        return cached[1].get(audience)
 
     def serving_state(self) -> tuple[Any, ...]:
         """The served views' state (``_STATE_SQL``): equal states serve equal views.
@@ -291,28 +355,38 @@ class CatalogReader:
         self, audience: Audience, pair: tuple[str, str]
     ) -> tuple[tuple[Any, ...], AudienceView]:
         kind, ident = audience.kind.value.encode(), audience.id.encode()
-        rows = self.store.query(self._view_sql, (kind, ident, OPEN, kind, ident, OPEN))
-        header = rows[0]
-        stopped, revision, content, recorded = header[:4]
-        for view, built_with in zip(_SERVED, header[4:8], strict=True):
-            if built_with is not None and built_with != view.version:
-                raise code_mismatch(view.name, int(built_with), view.version)
-        if stopped:
-            raise Stale(
-                "a catalog view is stopped and behind the log; it is not served "
-                "until it is rebuilt",
-                axis="projection",
+        params = (kind, ident, OPEN, kind, ident, OPEN)
+        for attempt in range(_ATTEMPTS):
+            rows = self.store.query(self._view_sql, params)
+            header = rows[0]
+            stopped, revision, content, recorded = header[:4]
+            for view, built_with in zip(_SERVED, header[4:8], strict=True):
+                if built_with is not None and built_with != view.version:
+                    raise code_mismatch(view.name, int(built_with), view.version)
+            if stopped:
+                raise Stale(
+                    "a catalog view is stopped and behind the log; it is not served "
+                    "until it is rebuilt",
+                    axis="projection",
+                )
+            # Bytewise (pack, kind, key, credential set): the publisher's digest order (R3).
+            # Both drivers return BLOBs as bytes, so the row slices are the cache key as is.
+            grants = tuple(
+                sorted(
+                    [row[_GRANTS:] for row in rows if row[_GRANTS] is not None], key=_GRANT_ORDER
+                )
             )
-        if revision is None:
-            raise _missing()
-        # Bytewise (pack, kind, key, credential set): the publisher's digest order (R3).
-        # Both drivers return BLOBs as bytes, so the row slices are the cache key as is.
-        grants = tuple(
-            sorted([row[_GRANTS:] for row in rows if row[_GRANTS] is not None], key=_GRANT_ORDER)
-        )
-        if not grants or recorded is None:
-            raise _missing()
-        found = _verified(pair, int(revision), bytes(content), bytes(recorded), grants)
+            bound = _bound_generations(grants)
+            ids = [catalog_id(), published_view_id(*pair)]
+            for pack, install_id in bound:
+                ids += [activation_id(pack), generation_id(pack, install_id)]
+            log, head = self._last_events(ids)
+            if head == header[_HEAD] or attempt == _ATTEMPTS - 1:
+                break  # else something was appended between the two statements: again
+        served = self._served_digest(pair, log, revision, content, recorded, grants)
+        for pack, install_id in bound:
+            _still_active(pack, install_id, log, int(revision))
+        found = _verified(pair, int(revision), bytes(content), served.encode(), grants)
         state = (stopped, *header[4:_GRANTS])
         if self.cache_size > 0:
             if len(self._cache) >= self.cache_size and pair not in self._cache:
@@ -320,6 +394,60 @@ class CatalogReader:
                     del self._cache[next(iter(self._cache))]
             self._cache[pair] = (state, found)
         return state, found
+
+    def _served_digest(
+        self,
+        pair: tuple[str, str],
+        log: Mapping[Any, Decoded],
+        revision: Any,
+        content: Any,
+        recorded: Any,
+        grants: tuple[tuple[Any, ...], ...],
+    ) -> str:
+        """The audience's view digest the log committed at the revision in force, checked
+        against the catalog view's rows; MISSING when the log holds no view for it."""
+        lineage = log.get(catalog_id())
+        if lineage is None or lineage.type != T_PUBLISHED:
+            if revision is None and not grants and recorded is None:
+                raise _missing()
+            raise _view_row(
+                "view_catalog_revision",
+                {"revision": revision},
+                "the catalog view holds a revision the log never published",
+            )
+        number, digest, v2 = _revision_of(lineage)
+        if revision is None or int(revision) != number or _text(content) != digest:
+            raise _view_row(
+                "view_catalog_revision",
+                {"revision": number},
+                f"revision {number} in force is not the catalog view's head row",
+            )
+        if v2:
+            published = log.get(published_view_id(*pair))
+            value = None if published is None else _view_digest(published, number)
+        else:
+            value = self._v1_digest(lineage, pair)
+        if value is None:
+            if grants or recorded is not None:
+                raise _view_row(
+                    "view_catalog_grant" if grants else "view_catalog_audience",
+                    {"audience": f"{pair[0]}:{pair[1]}", "revision": number},
+                    "the catalog view serves an audience the log publishes no view for",
+                )
+            raise _missing()
+        if recorded is None or _text(recorded) != value:
+            raise _view_row(
+                "view_catalog_audience",
+                {"audience": f"{pair[0]}:{pair[1]}", "revision": number},
+                "the audience's digest is not the one the log committed",
+            )
+        if not grants:
+            raise _view_row(
+                "view_catalog_grant",
+                {"audience": f"{pair[0]}:{pair[1]}", "revision": number},
+                "the audience's grant rows are missing",
+            )
+        return value
 
     def watch(
         self,
@@ -350,9 +478,72 @@ class CatalogReader:
         return self.hits / reads if reads else 0.0
 
 
-#: Where a row's grant columns start (after the header).
-_GRANTS = 16
+#: Where a row's grant columns start (after the header), and the log head's column.
+_GRANTS = 17
+_HEAD = 16
 _GRANT_ORDER = itemgetter(0, 1, 2, 3)
+
+
+def _text(value: object) -> str:
+    """A stored digest cell as text; another type is an edited row (INTEGRITY)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            pass
+    raise IntegrityFailure(
+        f"a catalog view cell is {type(value).__name__}, not the text the schema declares",
+        rule="R28",
+    )
+
+
+def _view_row(table: str, key: dict[str, Any], problem: str) -> IntegrityFailure:
+    """A view row that is missing, extra or edited: INTEGRITY naming table and key (R28)."""
+    return IntegrityFailure(
+        f"{table} does not match the log ({problem}); `catalog-ledger projections verify` "
+        "names the first differing row and `projections rebuild` restores the view",
+        rule="R28",
+        table=table,
+        key=key,
+    )
+
+
+def _log_shape(event: Decoded, problem: str) -> IntegrityFailure:
+    return IntegrityFailure(
+        f"the log row at position {event.position} ({event.type}) is not what its type "
+        f"declares: {problem}",
+        position=event.position,
+    )
+
+
+def _revision_of(lineage: Decoded) -> tuple[int, str, bool]:
+    """(revision, content digest, carries an audience map) of a revision event."""
+    d = lineage.data
+    revision, digest, root = d.get("revision"), d.get("content_digest"), d.get("audiences_root")
+    if type(revision) is not int or type(digest) is not str or not isinstance(root, str | None):
+        raise _log_shape(lineage, "revision, content_digest or audiences_root")
+    return revision, digest, root is not None
+
+
+def _view_digest(published: Decoded, revision: int) -> str | None:
+    """The digest an ``audience_view.published`` event records (at most ``revision``)."""
+    d = published.data
+    value, at = d.get("digest"), d.get("revision")
+    if published.type != T_VIEW_PUBLISHED or type(at) is not int or at > revision:
+        raise _log_shape(published, "not an audience view of a published revision")
+    if value is not None and type(value) is not str:
+        raise _log_shape(published, "digest is not a string")
+    return value
+
+
+def _bound_generations(grants: tuple[tuple[Any, ...], ...]) -> list[tuple[str, str]]:
+    """The distinct (pack, install id) the grant rows name."""
+    try:
+        return sorted({(bytes(g[0]).decode(), bytes(g[4]).decode()) for g in grants})
+    except (TypeError, UnicodeDecodeError):
+        raise _view_row(
+            "view_catalog_grant", {}, "a grant cell is not the text the schema declares"
+        ) from None
 
 
 @lru_cache(maxsize=1 << 16)
@@ -364,32 +555,50 @@ def _fact_matches(
     return fact_hasher(pack, install_id, payload_hash)(fact) == stored
 
 
-def _consistent(
-    pack: str,
-    active: bytes,
-    epoch: int,
-    payload_hash: bytes,
-    status: bytes | None,
-    generation_epoch: int | None,
-    applied: bytes | None,
-) -> None:
-    """The pointer selects an active generation that agrees with it (R13), or the read
-    fails closed naming what was found (the classifier's rules, on the views)."""
-    if status is None:
-        found = "the activation names a generation that is not in the log"
-    elif status != b"active":
-        found = f"the activation names generation {active.decode()} which is {status.decode()}"
-    elif generation_epoch != epoch or applied != payload_hash:
-        found = "the active generation and the activation disagree"
-    else:
-        return
-    raise LifecycleRejected(
-        f"pack {pack!r} is in an inconsistent state: {found}",
-        reason="INCONSISTENT_STATE",
-        rule="R13",
-        pack=pack,
-        found=found,
+def _still_active(pack: str, install_id: str, log: Mapping[Any, Decoded], revision: int) -> None:
+    """The pack's pointer, as its last log event has it, selects the bound generation, and
+    that generation's last event agrees (R13, R18): else STALE (the pointer moved on) or
+    INCONSISTENT_STATE (what the log says does not add up), naming what was found."""
+    pointer = log.get(activation_id(pack))
+    active = None
+    if pointer is not None and pointer.type != T_REMOVED:
+        active = pointer.data.get("install_id")
+    if active != install_id:
+        raise Stale(
+            f"pack {pack!r} is no longer served by the bound generation {install_id}",
+            axis="activation",
+            served_revision=revision,
+            pack=pack,
+            bound_install_id=install_id,
+            active_install_id=active if isinstance(active, str) else None,
+        )
+    assert pointer is not None
+    generation = log.get(generation_id(pack, install_id))
+    problem = pointer_problem(
+        install_id,
+        pointer.data.get("epoch"),
+        pointer.data.get("payload_hash"),
+        None if generation is None else _GENERATION_STATUS.get(generation.type, generation.type),
+        None if generation is None else generation.data.get("epoch"),
+        None if generation is None else generation.data.get("applied_payload_hash"),
     )
+    if problem is not None:
+        raise LifecycleRejected(
+            f"pack {pack!r} is in an inconsistent state: {problem}",
+            reason="INCONSISTENT_STATE",
+            rule="R13",
+            pack=pack,
+            found=problem,
+        )
+
+
+#: A generation's status after its last event.
+_GENERATION_STATUS = {
+    T_ACTIVATED: "active",
+    "generation.prepared": "preparing",
+    "generation.retired": "retired",
+    "generation.failed": "failed",
+}
 
 
 # A verified view is cached by its *complete* stored input (the exact rows, fact
@@ -407,25 +616,26 @@ def _verified(
     grants: list[list[Any]] = []
     facts: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for row in rows:
-        pack_b, kind_b, key_b, cred_b, install_b, hash_b, fact, fact_digest, active_b = row[:9]
-        pack, kind, key = pack_b.decode(), kind_b.decode(), key_b.decode()
-        install_id, payload_hash = install_b.decode(), hash_b.decode()
-        if active_b is not None:
-            _consistent(pack, active_b, *row[9:])
-        if active_b != install_b:
-            raise Stale(
-                f"pack {pack!r} is no longer served by the bound generation {install_id}",
-                axis="activation",
-                served_revision=revision,
-                pack=pack,
-                bound_install_id=install_id,
-                active_install_id=active_b.decode() if active_b else None,
-            )
+        try:
+            pack_b, kind_b, key_b, cred_b, install_b, hash_b, fact, fact_digest = row[:8]
+            pack, kind, key = pack_b.decode(), kind_b.decode(), key_b.decode()
+            install_id, payload_hash = install_b.decode(), hash_b.decode()
+            cred = cred_b.decode() or None
+        except (AttributeError, UnicodeDecodeError):
+            raise _view_row(
+                "view_catalog_grant",
+                {"audience": f"{pair[0]}:{pair[1]}", "revision": revision},
+                "a grant cell is not the text the schema declares",
+            ) from None
         if fact is None:
             raise IntegrityFailure(
                 f"the fact {pack}/{kind}/{key} of a grant is missing", pack=pack, kind=kind, key=key
             )
-        if not _fact_matches(pack, install_id, payload_hash, fact, fact_digest):
+        if (
+            type(fact) is not bytes
+            or type(fact_digest) is not bytes
+            or not _fact_matches(pack, install_id, payload_hash, fact, fact_digest)
+        ):
             raise IntegrityFailure(
                 f"the stored fact {pack}/{kind}/{key} does not match its digest",
                 pack=pack,
@@ -433,7 +643,7 @@ def _verified(
                 key=key,
                 revision=revision,
             )
-        grants.append([pack, kind, key, cred_b.decode() or None, install_id])
+        grants.append([pack, kind, key, cred, install_id])
         fact_id = (pack, install_id, kind, key)
         if fact_id not in facts:
             data = orjson.loads(fact)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from projections.audience_map import AudienceMapView
 from projections.catalog_views import CATALOG_PROJECTIONS
 from projections.command_log import CommandLogView
 from projections.credentials import CredentialView
@@ -11,6 +12,7 @@ from projections.lifecycle_views import LIFECYCLE_PROJECTIONS
 ALL_PROJECTIONS: tuple[Projection, ...] = (
     *LIFECYCLE_PROJECTIONS,
     *CATALOG_PROJECTIONS,
+    AudienceMapView(),
     CredentialView(),
     CommandLogView(),
 )

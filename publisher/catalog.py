@@ -25,7 +25,9 @@ from typing import Any
 
 import orjson
 
+from domain.canonical import canonical_bytes_trusted
 from domain.catalog import audience_digest
+from domain.content import fact_hasher
 from domain.digests import Purpose, hasher
 from domain.errors import LifecycleRejected
 
@@ -100,6 +102,19 @@ class Fact:
             requires=tuple((r.get("pack"), r["kind"], r["key"]) for r in data["requires"]),
             credential_sets=frozenset(creds) if creds is not None else None,
         )
+
+
+def component_facts(
+    pack: str, install_id: str, payload_hash: str, components: Iterable[Mapping[str, Any]]
+) -> dict[tuple[str, str], Fact]:
+    """A generation's components as facts (canonical bytes and digest), by kind and key:
+    the one derivation the publisher, the replay and a candidate's authority share."""
+    digest_of = fact_hasher(pack, install_id, payload_hash)
+    out: dict[tuple[str, str], Fact] = {}
+    for component in components:
+        fact = canonical_bytes_trusted(component)
+        out[(component["kind"], component["key"])] = Fact.parse(fact, digest_of(fact))
+    return out
 
 
 @dataclass(frozen=True)

@@ -14,20 +14,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from domain.canonical import canonical_bytes_trusted
-from domain.content import PackContent, fact_hasher
+from domain.content import PackContent
 from domain.errors import InvalidInput, LifecycleRejected
 from domain.manifest import BindingSpec
 from publisher.catalog import (
     BindingRow,
     BuiltCatalog,
     CatalogInput,
-    Fact,
     PackAuthority,
     ParentState,
     Problem,
     PublicationRejected,
     build_catalog,
+    component_facts,
 )
 
 
@@ -280,11 +279,9 @@ def content_authority(
 ) -> PackAuthority:
     """The authority a generation of ``content`` will have once activated."""
     payload_hash = content.payload_hash_v1
-    digest_of = fact_hasher(pack, install_id, payload_hash)
-    components: dict[tuple[str, str], Fact] = {}
-    for component in content.components:
-        fact = canonical_bytes_trusted(component.to_json())
-        components[(component.kind, component.key)] = Fact.parse(fact, digest_of(fact))
+    components = component_facts(
+        pack, install_id, payload_hash, (c.to_json() for c in content.components)
+    )
     return PackAuthority(
         pack=pack,
         source_kind="official_repo",

@@ -2,7 +2,7 @@
 
 ``publish`` reuses, from the parent revision, the validation and digest of every
 audience whose bindings and bound packs' authority did not change
-(``ledger.commands.publishing.read_incremental``). These tests prove the reuse is
+(``ledger.commands.publishing.read_from_fragments``). These tests prove the reuse is
 safe: on every step of a release history, the incremental plan equals the full
 rebuild of the same snapshot (content digest, audience digests, activations,
 counts), and two stores, one publishing incrementally and one always rebuilding,
@@ -23,8 +23,14 @@ from domain.content import parse_pack_content
 from domain.digests import Purpose, digest
 from domain.errors import LifecycleRejected
 from domain.matrix import Advance
-from ledger.commands import publishing
-from ledger.commands.publishing import StagedPublication, read_incremental, read_snapshot
+from domain.catalog import Catalog, PublishedView
+from ledger.commands import catalog_state, publishing
+from ledger.commands.publishing import (
+    FullBuildDue,
+    StagedPublication,
+    read_from_fragments,
+    read_snapshot,
+)
 from ledger.store.fragments import _labelled
 from ledger.store.init import init_store
 from publisher.catalog import (
@@ -150,10 +156,11 @@ def catalog_rows(world: World) -> dict[str, list[dict[str, Any]]]:
 
 
 def staged_event(staged: Any) -> dict[str, Any]:
+    """The staged revision event and its audience view events."""
     assert isinstance(staged, StagedPublication), staged
-    lineage = staged.aggregates[0]
+    (lineage,) = [a for a in staged.aggregates if isinstance(a, Catalog)]
     event = lineage.pending_events[-1]  # the revision (the first one follows Opened)
-    return {
+    out = {
         k: getattr(event, k)
         for k in (
             "revision",
@@ -164,8 +171,15 @@ def staged_event(staged: Any) -> dict[str, Any]:
             "audiences",
             "counts",
             "bindings_position",
+            "audiences_root",
         )
     }
+    out["views"] = [
+        (v.audience_kind, v.audience_id, v.pending_events[-1].digest)  # type: ignore[attr-defined]
+        for v in staged.aggregates
+        if isinstance(v, PublishedView)
+    ]
+    return out
 
 
 def stage_both(
@@ -176,21 +190,24 @@ def stage_both(
     (it digests the parent's kept fragments). Returns (incremental, full, affected
     audience count)."""
     with world.ledger.snapshot() as reader:
-        inc = read_incremental(world.ledger, reader.conn)
+        try:
+            inc = read_from_fragments(world.ledger, reader.conn)
+        except FullBuildDue:
+            inc = None
     affected = -1 if inc is None else len(inc.affected)
 
-    def no_full_read(*_: Any) -> Any:
+    def no_full_read(*_: Any, **__: Any) -> Any:
         raise AssertionError("the incremental publication read the whole snapshot")
 
     def no_stream(*_: Any) -> Any:
-        raise AssertionError("streamed the whole revision though the parent's fragments were kept")
+        raise AssertionError("read the catalog views though the parent's fragments were kept")
 
     service = world.service
     if inc is not None:
         with monkeypatch.context() as m:
             m.setattr(publishing, "read_snapshot", no_full_read)
             if from_fragments:
-                m.setattr(publishing, "stream_content", no_stream)
+                m.setattr(catalog_state, "fragments_from_views", no_stream)
             incremental = service.stage_publication()
     else:
         incremental = service.stage_publication()
@@ -383,16 +400,22 @@ def test_r16_build_incremental_validates_every_affected_audience_before_anything
 # -- kept fragments (ledger.store.fragments) ------------------------------------------------
 
 
+#: Whether the incremental store's ``publish`` is running (``_streams`` counts only then).
+_COUNTING = [False]
+
+
 def _streams(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count the publications that digest the revision from the views."""
+    """Count the incremental publications that read the parent's content from the catalog
+    views (``apply``'s and the full-rebuild store's reads are not counted)."""
     calls: list[int] = []
-    real = publishing.stream_content
+    real = catalog_state.fragments_from_views
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
+        if _COUNTING[0]:
+            calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(publishing, "stream_content", counted)
+    monkeypatch.setattr(catalog_state, "fragments_from_views", counted)
     return calls
 
 
@@ -401,7 +424,11 @@ def _step(pair: tuple[History, History], change: Any) -> None:
     for history in pair:
         change(history)
         history.release()
-        history.world.service.publish()
+        _COUNTING[0] = history is pair[0]
+        try:
+            history.world.service.publish()
+        finally:
+            _COUNTING[0] = False
     assert catalog_rows(pair[0].world) == catalog_rows(pair[1].world)
     check_against_full_rebuild(pair[0].world)
 

@@ -85,7 +85,7 @@ def live_rows(url: str) -> dict[str, list[list[Any]]]:
 
 
 #: View tables added since 0.1 (schema version 2): a 0.1 log has no event they show.
-VIEWS_SINCE_0_1 = ("view_credential",)
+VIEWS_SINCE_0_1 = ("view_credential", "view_audience_map", "view_audience_map_pending")
 
 
 def expected_view_rows(which: str = "tables") -> dict[str, list[list[Any]]]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from domain.canonical import canonical_bytes_trusted
-from domain.content import fact_hasher
 from domain.event_types import (
     T_ACTIVATED,
     T_ADVANCED,
@@ -38,6 +36,7 @@ from publisher.catalog import (
     PackAuthority,
     PublicationRejected,
     build_catalog,
+    component_facts,
 )
 
 # -- replaying the catalog ----------------------------------------------------------------------
@@ -80,12 +79,9 @@ class CatalogReplay:
 
     def feed(self, position: int, topic: str, d: dict[str, Any]) -> str | None:
         if topic == T_PREPARED:
-            digest_of = fact_hasher(d["pack"], d["install_id"], d["payload_hash"])
-            facts = {}
-            for component in d["components"]:
-                fact = canonical_bytes_trusted(component)
-                facts[(component["kind"], component["key"])] = Fact.parse(fact, digest_of(fact))
-            self.components[(d["pack"], d["install_id"])] = facts
+            self.components[(d["pack"], d["install_id"])] = component_facts(
+                d["pack"], d["install_id"], d["payload_hash"], d["components"]
+            )
             self.newest[d["pack"]] = (d["install_id"], "preparing")
         elif topic in (T_ACTIVATED, T_RETIRED, T_FAILED):
             status = {T_ACTIVATED: "active", T_RETIRED: "retired"}.get(

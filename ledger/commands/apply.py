@@ -19,7 +19,6 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate
 
-from domain.catalog import catalog_id
 from domain.classifier import PackState
 from domain.coordination import CommandRecord
 from domain.errors import Conflict, LedgerError, Unavailable
@@ -43,9 +42,9 @@ from ledger.commands.publishing import (
     binding_aggregates,
     catalog_outcome,
     fence_ids,
-    positioned_catalog,
     publication_summary,
     read_snapshot,
+    revision_aggregates,
 )
 from ledger.commands.results import (
     ApplyResult,
@@ -218,7 +217,9 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             if prior is not None:
                 return cast(ApplyResult, {**prior, "replayed": True})
             states = reader.pack_states(_names(resolved, manifest))
-            catalog = read_snapshot(self.ledger, reader.conn)
+            catalog = read_snapshot(
+                self.ledger, reader.conn, states=states, extra=_bound(manifest.bindings)
+            )
             lease = reader.lease(WRITER_LEASE)
             abandoned = {pack for pack, _ in preparing_generations(reader.conn)}
         recovered_states = {p: after_recovery(s) for p, s in states.items()}
@@ -313,18 +314,21 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         """The final append of a release: activations + bindings + revision + record."""
         with self.ledger.snapshot() as reader:
             states = reader.pack_states(_names(resolved, None, plan))
-            catalog = read_snapshot(self.ledger, reader.conn)
+            catalog = read_snapshot(self.ledger, reader.conn, states=states, extra=_bound(desired))
             release = self._release(
                 resolved, plan, states, catalog, desired, candidates=candidates, publish=publish
             )
             versions = self.ledger.recorder.versions(reader.conn, release.fence_ids)
             extra: list[Aggregate] = list(binding_aggregates(reader, release.changes, versions))
-            if release.publication.event is not None:
-                lineage = positioned_catalog(reader, catalog.parent, versions[catalog_id()])
-                lineage.publish(
-                    **{k: v for k, v in release.publication.event.items() if k != "revision"}
+            publication = release.publication
+            if publication.event is not None:
+                assert publication.built is not None
+                digests = publication.built.audience_digests
+                revision, read_at = revision_aggregates(
+                    reader, catalog.head, publication, lambda: digests
                 )
-                extra.append(lineage)
+                extra.extend(revision)
+                versions.update(read_at)
         result = self._result(
             cid, resolved, plan, candidates, release, recovered=list(handle.recovered), noop=False
         )
@@ -505,6 +509,11 @@ def _names(
     """Every pack a release reads the state of: its packs, then its removals."""
     removals = list(manifest.remove) if manifest is not None else _removals(plan or {})
     return [PackName.trusted(r.name) for r in resolved] + removals
+
+
+def _bound(desired: Sequence[BindingSpec] | None) -> set[str]:
+    """The packs a manifest's bindings name (their authority is read with the release's)."""
+    return {spec.pack for spec in desired or ()}
 
 
 def _removals(plan: Mapping[str, tuple[Decision, Command | None]]) -> list[PackName]:

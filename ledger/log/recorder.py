@@ -39,6 +39,7 @@ from sqlalchemy.engine import Connection
 
 from domain.digests import ZERO_CHAIN, event_id, next_chain
 from domain.errors import Conflict, IntegrityFailure, InvalidInput
+from domain.event_types import EVENT_TYPES, Decoded, decode_row
 from domain.log import LoggedEvent
 from ledger.log import tables as schema
 from ledger.log.crashpoints import crashpoint
@@ -574,6 +575,63 @@ class LedgerRecorder(ApplicationRecorder):
             return [bytes(r[0]) for r in cursor.fetchall()]
         finally:
             cursor.close()
+
+    # -- single rows the command side and the reader decide on (R28) -----------------
+
+    def last_events(self, conn: Connection, aggregates: Iterable[UUID]) -> dict[UUID, Decoded]:
+        """The last event of each of ``aggregates`` that has any, decoded: one index seek
+        on ``(aggregate_id, version)`` per aggregate, a few hundred per statement."""
+        return self._events_where(conn, aggregates, last=True)
+
+    def first_events(self, conn: Connection, aggregates: Iterable[UUID]) -> dict[UUID, Decoded]:
+        """The creating (version 1) event of each of ``aggregates`` that has any, decoded."""
+        return self._events_where(conn, aggregates, last=False)
+
+    def _events_where(
+        self, conn: Connection, aggregates: Iterable[UUID], *, last: bool
+    ) -> dict[UUID, Decoded]:
+        wanted = {a.bytes: a for a in aggregates}
+        keys = sorted(wanted)
+        ev, p = schema.events.name, self._p
+        out: dict[UUID, Decoded] = {}
+        for start in range(0, len(keys), _FENCE_CHUNK):
+            chunk = keys[start : start + _FENCE_CHUNK]
+            marks = ", ".join([p] * len(chunk))
+            if last:
+                sql = (
+                    f"SELECT e.aggregate_id, e.position, e.version, e.topic, e.state FROM {ev} e "
+                    f"JOIN (SELECT aggregate_id, MAX(version) AS version FROM {ev} "
+                    f"WHERE aggregate_id IN ({marks}) GROUP BY aggregate_id) m "
+                    "ON e.aggregate_id = m.aggregate_id AND e.version = m.version"
+                )
+            else:
+                sql = (
+                    f"SELECT aggregate_id, position, version, topic, state FROM {ev} "
+                    f"WHERE aggregate_id IN ({marks}) AND version = 1"
+                )
+            for row in conn.exec_driver_sql(sql, tuple(chunk)):
+                found = decode_row(*row)
+                out[wanted[found.aggregate_id.bytes]] = found
+        return out
+
+    def decoded_after(
+        self, conn: Connection, *, after: int, topics: Iterable[str], upto: int | None = None
+    ) -> list[Decoded]:
+        """Every event of the types ``topics`` after ``after`` (up to the head), decoded."""
+        head = self.head_in(conn).position if upto is None else upto
+        if head <= after:
+            return []
+        stored = EVENT_TYPES.topics_of(topics)
+        out: list[Decoded] = []
+        p, ev = self._p, schema.events.name
+        marks = ", ".join([p] * len(stored))
+        sql = (
+            f"SELECT aggregate_id, position, version, topic, state FROM {ev} "
+            f"WHERE position > {p} AND position <= {p} AND topic IN ({marks}) ORDER BY position"
+        )
+        for row in conn.exec_driver_sql(sql, (after, head, *(t.encode() for t in stored))):
+            out.append(decode_row(*row))
+        return out
 
     def iter_rows(
         self, *, after: int = 0, upto: int | None = None, batch: int = 5000
