@@ -70,6 +70,26 @@ CREATE TABLE view_audience_binding (
  WITHOUT ROWID;
 CREATE INDEX ix_view_audience_binding_0 ON view_audience_binding (view_version, pack);
 
+CREATE TABLE view_audience_map (
+	view_version INTEGER NOT NULL,
+	depth INTEGER NOT NULL,
+	prefix BLOB NOT NULL,
+	hash BLOB NOT NULL,
+	leaf_key BLOB,
+	leaf_value BLOB,
+	PRIMARY KEY (view_version, depth, prefix)
+)
+ WITHOUT ROWID;
+
+CREATE TABLE view_audience_map_pending (
+	view_version INTEGER NOT NULL,
+	audience_key BLOB NOT NULL,
+	revision INTEGER NOT NULL,
+	leaf_value BLOB,
+	PRIMARY KEY (view_version, audience_key)
+)
+ WITHOUT ROWID;
+
 CREATE TABLE view_catalog_activation (
 	view_version INTEGER NOT NULL,
 	pack BLOB NOT NULL,
@@ -256,6 +276,10 @@ CREATE VIEW _System_CatalogGrant AS SELECT t.audience_kind, t.audience_id, t.pac
 CREATE VIEW _System_CatalogAudience AS SELECT t.audience_kind, t.audience_id, t.to_revision, t.from_revision, t.digest FROM view_catalog_audience t JOIN projection_state s ON s.name = X'636174616c6f67' AND t.view_version = s.live_version;
 
 CREATE VIEW _System_CatalogPending AS SELECT t.audience_kind, t.audience_id, t.pack, t.kind, t.key, t.credential_set, t.position, t.op, t.install_id, t.payload_hash FROM view_catalog_pending t JOIN projection_state s ON s.name = X'636174616c6f67' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_AudienceMap AS SELECT t.depth, t.prefix, t.hash, t.leaf_key, t.leaf_value FROM view_audience_map t JOIN projection_state s ON s.name = X'61756469656e63655f6d6170' AND t.view_version = s.live_version;
+
+CREATE VIEW _System_AudienceMapPending AS SELECT t.audience_key, t.revision, t.leaf_value FROM view_audience_map_pending t JOIN projection_state s ON s.name = X'61756469656e63655f6d6170' AND t.view_version = s.live_version;
 
 CREATE VIEW _System_Credential AS SELECT t.credential_id, t.audience_kind, t.audience_id, t.token_digest, t.issued_at_us, t.expires_at_us, t.revoked_at_us, t.position FROM view_credential t JOIN projection_state s ON s.name = X'63726564656e7469616c' AND t.view_version = s.live_version;
 

@@ -130,7 +130,9 @@ def test_r20_rebuild_of_a_mixed_history_yields_byte_identical_rows(world: World)
     world.ledger.runner.catch_up(world.db, "command_log")
     assert world.head() > 150
     before = live_rows(world.db)
-    assert all(before[t] for t in before), "every view has rows"
+    # The audience map's pending table holds a revision's audience events only until the
+    # revision's own catalog event, in the same append: it is empty between appends.
+    assert all(before[t] for t in before if t != "view_audience_map_pending"), "every view has rows"
     report = world.ledger.runner.rebuild(world.db)
     assert {r["live_version"] for r in report.values()} == {2}
     assert live_rows(world.db) == before
@@ -299,6 +301,13 @@ def _tamper(db: Database, table: sa.Table, kind: str) -> None:
             sa.text("SELECT live_version FROM projection_state WHERE name = :n"),
             {"n": _projection_of(table.name).encode()},
         ).scalar_one()
+        if table.name == "view_audience_map_pending":
+            conn.execute(
+                table.insert().values(
+                    view_version=version, audience_key=b"\x01" * 32, revision=1, leaf_value=None
+                )
+            )
+            return
         row = (
             conn.execute(sa.select(table).where(table.c.view_version == version).limit(1))
             .one()
@@ -343,6 +352,8 @@ def test_r21_verify_names_a_hand_edited_deleted_or_inserted_row_in_every_view(
     world.ledger.runner.catch_up(world.db, "command_log")
     for projection in ALL_PROJECTIONS:
         for table in projection.tables:
+            if table.physical.name == "view_audience_map_pending" and kind != "insert":
+                continue  # empty between appends: there is no row to edit or delete
             _tamper(world.db, table.physical, kind)
             # In-process: the CLI's own code path, without a process per step.
             out = cli("--db", world.url, "projections", "verify", "--json")

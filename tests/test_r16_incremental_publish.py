@@ -19,11 +19,11 @@ import pytest
 import sqlalchemy as sa
 
 from domain.canonical import canonical_bytes_trusted
+from domain.catalog import Catalog, PublishedView
 from domain.content import parse_pack_content
 from domain.digests import Purpose, digest
 from domain.errors import LifecycleRejected
 from domain.matrix import Advance
-from domain.catalog import Catalog, PublishedView
 from ledger.commands import catalog_state, publishing
 from ledger.commands.publishing import (
     FullBuildDue,

@@ -51,6 +51,14 @@ from ledger.log.recorder import Precommit
 from ledger.observability import bind, get_logger, logged_command
 from ledger.store import fragments
 from ledger.store.runtime import Ledger, LogReader
+from projections.catalog_views import AudienceBindingView, CatalogView
+from projections.lifecycle_views import (
+    InstalledPackView,
+    PackActivationView,
+    PackComponentView,
+    PackGenerationView,
+)
+from projections.queries import require_running
 from publisher.catalog import (
     Audience,
     BindingRow,
@@ -84,6 +92,19 @@ class CatalogSnapshot:
         return CatalogInput(self.bindings, self.packs)
 
 
+#: The inline views a release's append feeds. A release is refused while one of them is
+#: stopped at a poison event (R20): it decides from the log (R28), but it would append
+#: what that view cannot follow, widening a gap that only a code fix and a rebuild close.
+MAINTAINED = (
+    AudienceBindingView.name,
+    CatalogView.name,
+    InstalledPackView.name,
+    PackActivationView.name,
+    PackComponentView.name,
+    PackGenerationView.name,
+)
+
+
 def read_snapshot(
     ledger: Ledger,
     conn: Connection,
@@ -96,6 +117,7 @@ def read_snapshot(
     authority of every pack they, the parent or ``extra`` name (``states`` already read
     are reused), the parent revision with every audience's digest."""
     recorder = ledger.recorder
+    require_running(conn, *MAINTAINED)
     position = recorder.head_in(conn).position
     head = state.log_head(recorder, conn)
     parent = ParentContent(*state.parent_fragments(conn, head))
@@ -179,6 +201,7 @@ def read_from_fragments(ledger: Ledger, conn: Connection) -> FragmentSnapshot | 
     Raises ``PublicationRejected`` as the full build would reject, and ``FullBuildDue``
     when the full build is the one to run."""
     recorder = ledger.recorder
+    require_running(conn, *MAINTAINED)
     position = recorder.head_in(conn).position
     head = state.log_head(recorder, conn)
     if head is None:
