@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.audience_map import Node, Position, apply_writes, key_of, memory_fetch, update
 from domain.event_types import (
     T_ACTIVATED,
     T_ADVANCED,
@@ -27,6 +28,7 @@ from domain.event_types import (
     T_RETIRED,
     T_REVOKED,
     T_STARTED,
+    T_VIEW_PUBLISHED,
 )
 from publisher.catalog import (
     BindingRow,
@@ -59,6 +61,7 @@ CATALOG_TYPES = frozenset(
         T_REBOUND,
         T_REVOKED,
         T_PUBLISHED,
+        T_VIEW_PUBLISHED,
     }
 )
 
@@ -76,6 +79,11 @@ class CatalogReplay:
     revisions: dict[int, tuple[int, BuiltCatalog]] = field(default_factory=dict)
     keep: int | None = None  # keep the built catalog of this revision (as-of views)
     recorded: dict[tuple[str, str], tuple[int, str | None]] = field(default_factory=dict)
+    # R28: the audience events of the revision being appended, the audience map's nodes
+    # (in memory) and whether a revision with a map root was seen (the map's first).
+    views: list[tuple[int, tuple[str, str], int, str | None]] = field(default_factory=list)
+    nodes: dict[Position, Node] = field(default_factory=dict)
+    mapped: bool = False
 
     def feed(self, position: int, topic: str, d: dict[str, Any]) -> str | None:
         if topic == T_PREPARED:
@@ -120,9 +128,19 @@ class CatalogReplay:
                 d.get("payload_hash", ""),
             )
             self.pending.append((position, "revoke" if topic == T_REVOKED else "grant", row))
+        elif topic == T_VIEW_PUBLISHED:
+            audience = (d["audience_kind"], d["audience_id"])
+            self.views.append((position, audience, d["revision"], d["digest"]))
         elif topic == T_PUBLISHED:
             return self._published(position, d)
         return None
+
+    def finish(self) -> list[tuple[int, str]]:
+        """Problems that only the end of the log shows: audience events no revision claimed."""
+        return [
+            (position, f"audience {a[0]}:{a[1]}'s view event has no revision event after it")
+            for position, a, _, _ in self.views
+        ]
 
     def _published(self, position: int, d: dict[str, Any]) -> str | None:
         cut = d.get("bindings_position")
@@ -149,8 +167,55 @@ class CatalogReplay:
             if built.audience_digests.get((kind, ident)) != value:
                 return f"revision {d['revision']}'s digest of audience {kind}:{ident} is wrong"
             self.recorded[(kind, ident)] = (d["revision"], value)
+        problem = self._audience_views(d, built)
+        if problem is not None:
+            return problem
         if self.keep is None or self.keep == d["revision"]:
             self.revisions[d["revision"]] = (position, built)
+        return None
+
+    def _audience_views(self, d: dict[str, Any], built: BuiltCatalog) -> str | None:
+        """R28: a revision with an audience map root is preceded, in its append, by one
+        view event for exactly each audience whose digest changed (for the map's first
+        revision: every audience in force, and each gone one), with the built digest; the
+        root is the map of every audience's digest after it."""
+        revision, views, self.views = d["revision"], self.views, []
+        root = d.get("audiences_root")
+        if root is None:
+            if views:
+                return f"revision {revision} has audience view events but no audience map root"
+            return None
+        now = built.audience_digests
+        before = {a: v for a, (_, v) in self.recorded.items() if v is not None}
+        expected: dict[tuple[str, str], str | None] = {
+            a: now.get(a) for a in set(now) | set(before) if now.get(a) != before.get(a)
+        }
+        if not self.mapped:
+            expected.update(now)
+        got: dict[tuple[str, str], str | None] = {}
+        for _, audience, at, digest in views:
+            if at != revision:
+                return f"audience {audience[0]}:{audience[1]}'s view event names revision {at}"
+            if audience in got:
+                return f"revision {revision} has two view events for {audience[0]}:{audience[1]}"
+            got[audience] = digest
+        if got != expected:
+            wrong = sorted(set(got) ^ set(expected)) or sorted(
+                a for a in got if got[a] != expected[a]
+            )
+            kind, ident = wrong[0]
+            return (
+                f"revision {revision}'s audience view events do not match its content "
+                f"(first at audience {kind}:{ident})"
+            )
+        for audience, digest in got.items():
+            self.recorded[audience] = (revision, digest)
+        changes = {key_of(*a): None if v is None else bytes.fromhex(v) for a, v in expected.items()}
+        result = update(memory_fetch(self.nodes), changes)
+        apply_writes(self.nodes, result.writes)
+        self.mapped = True
+        if result.root.hex() != root:
+            return f"revision {revision}'s audience map root does not match its audiences"
         return None
 
     def _packs(self) -> dict[str, PackAuthority]:

@@ -19,7 +19,8 @@ from uuid import UUID
 
 import orjson
 
-from domain.digests import ZERO_CHAIN, Purpose, aggregate_id, event_id, lp, next_chain, u64
+from domain import audience_map
+from domain.digests import ZERO_CHAIN, Purpose, aggregate_id, digest, event_id, lp, next_chain, u64
 from ledger.log import merkle
 from ledger.log.checkpoint import Checkpoint
 
@@ -264,8 +265,55 @@ def merkle_vectors(event_ids: list[bytes]) -> dict[str, Any]:
     }
 
 
+def audience_map_vectors() -> dict[str, Any]:
+    """The audience map (R28): keys, leaves, the root as audiences join and leave, and
+    an inclusion proof of every leaf of the largest set."""
+    names = [("app", "crm-main"), ("app", "CRM-Main"), ("integration", "ünïcode"), ("app", "")]
+    names += [("app", f"tenant-{i:02d}") for i in range(12)]
+    digests = {a: digest(Purpose.CATALOG, lp(*(p.encode() for p in a))) for a in names}
+    audiences = [
+        {
+            "kind": kind,
+            "id": ident,
+            "key": audience_map.key_of(kind, ident).hex(),
+            "digest": digests[(kind, ident)].hex(),
+            "leaf": audience_map.leaf_hash(
+                audience_map.key_of(kind, ident), digests[(kind, ident)]
+            ).hex(),
+        }
+        for kind, ident in names
+    ]
+    roots = []
+    leaves: dict[bytes, bytes] = {}
+    for n, (kind, ident) in enumerate(names, 1):
+        leaves[audience_map.key_of(kind, ident)] = digests[(kind, ident)]
+        roots.append({"audiences": n, "root": audience_map.root_of(leaves).hex()})
+    nodes = audience_map.nodes_of(leaves)
+    fetch = audience_map.memory_fetch(nodes)
+    proofs = []
+    for kind, ident in names:
+        siblings, _ = audience_map.inclusion_proof(fetch, audience_map.key_of(kind, ident))
+        proofs.append({"kind": kind, "id": ident, "siblings": [h.hex() for h in siblings]})
+    removed = dict(leaves)
+    for kind, ident in names[:4]:
+        del removed[audience_map.key_of(kind, ident)]
+    return {
+        "about": "Audience map (schema/LOG-FORMAT.md, 'Audience map'). Digests are stand-ins: "
+        "BLAKE3-derive-key('catalog-ledger 2026-11 catalog content v1', lp(kind, id)).",
+        "empty_root": audience_map.EMPTY.hex(),
+        "audiences": audiences,
+        "roots": roots,
+        "inclusion": {"root": audience_map.root_of(leaves).hex(), "proofs": proofs},
+        "after_removing_first_four": audience_map.root_of(removed).hex(),
+    }
+
+
 def all_vectors() -> dict[str, dict[str, Any]]:
     """File name -> document, for ``schema/vectors/log/``."""
     events = event_vectors()
     ids = [bytes.fromhex(e["event_id"]) for e in events["events"]]
-    return {"events.json": events, "merkle.json": merkle_vectors(ids)}
+    return {
+        "events.json": events,
+        "merkle.json": merkle_vectors(ids),
+        "audience_map.json": audience_map_vectors(),
+    }

@@ -153,6 +153,8 @@ def verify_log(
     if replay and not report.problems:
         for message in auditor.finish():
             report.problems.append(Problem(None, "lifecycle", message))
+        for position, message in catalog.finish():
+            report.problems.append(Problem(position, "replay", message))
     if cp is not None and not any(
         p.check in ("position", "event_id", "chain") for p in report.problems
     ):
