@@ -31,13 +31,7 @@ def test_r28_incremental_updates_give_the_specs_root_and_canonical_nodes(
     for batch in batches:
         changes = {m.key_of(*a): v for a, v in batch.items()}
         fetched: list[int] = []
-        inner = m.memory_fetch(nodes)
-
-        def fetch(positions: Collection[m.Position]) -> Mapping[m.Position, m.Node]:
-            fetched.append(len(positions))
-            return inner(positions)
-
-        result = m.update(fetch, changes)
+        result = m.update(_counting(m.memory_fetch(nodes), fetched), changes)
         m.apply_writes(nodes, result.writes)
         for k, v in changes.items():
             if v is None:
@@ -57,12 +51,20 @@ def test_r28_incremental_updates_give_the_specs_root_and_canonical_nodes(
         assert ref.root_from_proof(k, v, siblings) == ref.root(leaves)
 
 
+def _counting(inner: m.Fetch, fetched: list[int]) -> m.Fetch:
+    def fetch(positions: Collection[m.Position]) -> Mapping[m.Position, m.Node]:
+        fetched.append(len(positions))
+        return inner(positions)
+
+    return fetch
+
+
 def test_r28_an_edited_node_is_caught_by_the_parent_root_or_changes_nothing() -> None:
     """The publisher first re-applies the changed audiences' current values to the stored
     nodes and compares with the parent's root (``root_with``), then applies the new values.
     The check must cover exactly the keys the update changes, new ones included (their
-    current value: absent). A single edited node (its hash, key or value) is either caught by that check, or lies
-    where the update recomputes it: the new root is then still the true one. A wrong
+    current value: absent). A single edited node (its hash, key or value) is either
+    caught by that check, or lies where the update recomputes it: the new root is then still the true one. A wrong
     view fails closed; it never changes an answer (R28)."""
     leaves = {m.key_of("app", f"t{i}"): bytes([i]) * 32 for i in range(24)}
     nodes = m.nodes_of(leaves)
