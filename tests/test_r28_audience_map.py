@@ -64,8 +64,8 @@ def test_r28_an_edited_node_is_caught_by_the_parent_root_or_changes_nothing() ->
     nodes and compares with the parent's root (``root_with``), then applies the new values.
     The check must cover exactly the keys the update changes, new ones included (their
     current value: absent). A single edited node (its hash, key or value) is either
-    caught by that check, or lies where the update recomputes it: the new root is then still the true one. A wrong
-    view fails closed; it never changes an answer (R28)."""
+    caught by that check, or lies where the update recomputes it: the new root is then
+    still the true one. A wrong view fails closed; it never changes an answer (R28)."""
     leaves = {m.key_of("app", f"t{i}"): bytes([i]) * 32 for i in range(24)}
     nodes = m.nodes_of(leaves)
     good = m.root_of(leaves)
