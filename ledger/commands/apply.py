@@ -35,7 +35,7 @@ from domain.matrix import (
     rejection,
 )
 from ledger.commands.core import WRITER_LEASE, LeaseHandle, LeaseLost
-from ledger.commands.leases import LeaseBusy
+from ledger.commands.leases import LeaseBusy, abandoned_attempts, preparing_in
 from ledger.commands.publishing import (
     CatalogSnapshot,
     PublishCommand,
@@ -56,7 +56,6 @@ from ledger.commands.results import (
 from ledger.commands.sources import ResolvedPack, resolve_manifest
 from ledger.commands.steps import LifecycleSteps
 from ledger.observability import bind, get_logger, logged_command, phase, phased
-from projections.queries import preparing_generations
 from publisher.catalog import CatalogInput, PackAuthority
 from publisher.planning import (
     BindingChange,
@@ -169,7 +168,8 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
                 return decided
             if decided.busy is None:
                 try:
-                    with self.leased(wait=0) as handle:
+                    also = preparing_in(decided.states.values())
+                    with self.leased(wait=0, also=also) as handle:
                         return self._under_lease(
                             handle, decided, manifest, resolved, request_digest, publish
                         )
@@ -221,7 +221,9 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
                 self.ledger, reader.conn, states=states, extra=_bound(manifest.bindings)
             )
             lease = reader.lease(WRITER_LEASE)
-            abandoned = {pack for pack, _ in preparing_generations(reader.conn)}
+            attempts = {*abandoned_attempts(self.ledger.recorder, reader.conn)}
+            attempts.update(preparing_in(states.values()))
+            abandoned = {pack for pack, _ in attempts}
         recovered_states = {p: after_recovery(s) for p, s in states.items()}
         plan = self._plan(resolved, recovered_states, manifest)
         preview = self._release(

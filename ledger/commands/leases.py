@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 
@@ -27,14 +27,19 @@ from sqlalchemy.engine import Connection
 
 from domain.classifier import PackState
 from domain.coordination import Lease
-from domain.errors import Conflict, LedgerError
+from domain.errors import Conflict, IntegrityFailure, LedgerError
+from domain.event_types import T_PREPARED
 from domain.identity import PackName
+from domain.lifecycle import GenerationStatus, generation_id
 from domain.matrix import Command, Fail
 from ledger.commands.core import WRITER_LEASE, LeaseHandle, LeaseLost, ServiceCore
 from ledger.commands.results import RecoveredAttempt
 from ledger.log import lease_rows
 from ledger.log.db import translate_errors
+from ledger.log.recorder import LedgerRecorder
 from ledger.observability import get_logger, phased
+from projections import checks
+from projections.lifecycle_views import PACK_GENERATION
 from projections.queries import preparing_generations
 
 log = get_logger("lease")
@@ -197,14 +202,17 @@ class LeaseCommands(ServiceCore):
         return lease, (0 if lease is None else lease.expiry(renewed))
 
     @contextmanager
-    def leased(self, *, wait: float | None = None) -> Iterator[LeaseHandle]:
+    def leased(
+        self, *, wait: float | None = None, also: Collection[tuple[str, str]] = ()
+    ) -> Iterator[LeaseHandle]:
         """Hold the writer lease, renewed in the background; recover abandoned attempts
-        before anything else."""
+        (and ``also``, attempts the caller found ``preparing`` in the log) before anything
+        else."""
         handle = self.acquire_lease(wait=wait)
         keeper = LeaseKeeper(self, handle, self.renew_every).start()
         handle = replace(handle, keeper=keeper)
         try:
-            yield replace(handle, recovered=tuple(self.recover(handle)))
+            yield replace(handle, recovered=tuple(self.recover(handle, also)))
         finally:
             keeper.stop()
             if keeper.lost is None:
@@ -215,10 +223,13 @@ class LeaseCommands(ServiceCore):
     # -- recovery (R12) ------------------------------------------------------------------
 
     @phased("recover")  # a phase of the command holding the lease (apply), with its id
-    def recover(self, handle: LeaseHandle) -> list[RecoveredAttempt]:
-        """Turn every abandoned ``preparing`` attempt into ``failed_dirty``."""
+    def recover(
+        self, handle: LeaseHandle, also: Collection[tuple[str, str]] = ()
+    ) -> list[RecoveredAttempt]:
+        """Turn every abandoned ``preparing`` attempt into ``failed_dirty``: those the
+        generation view names (each checked against the log) and ``also``."""
         with self.ledger.db.read() as conn:
-            found = preparing_generations(conn)
+            found = sorted({*abandoned_attempts(self.ledger.recorder, conn), *also})
         if not found:
             return []
         commands: dict[PackName, Command] = {
@@ -238,3 +249,35 @@ class LeaseCommands(ServiceCore):
         self.checked_append(handle, commands, build)
         log.info("recovered abandoned attempts", extra={"count": len(found), "epoch": handle.epoch})
         return [{"pack": p, "install_id": i} for p, i in found]
+
+
+def abandoned_attempts(recorder: LedgerRecorder, conn: Connection) -> list[tuple[str, str]]:
+    """(pack, install_id) of every attempt the generation view says is ``preparing``,
+    each checked against the generation's last event in the log (R28): a hint the log
+    does not confirm is an edited view row, INTEGRITY, never a failure appended for a
+    generation that isn't preparing."""
+    found = preparing_generations(conn)
+    if not found or not checks.on(checks.PREPARING):
+        return found
+    last = recorder.last_events(conn, [generation_id(p, i) for p, i in found])
+    for pack, install_id in found:
+        event = last.get(generation_id(pack, install_id))
+        if event is None or event.type != T_PREPARED:
+            raise IntegrityFailure(
+                f"the generation view says attempt {install_id} of {pack!r} is preparing; "
+                "the log does not: a view row was edited or added; `catalog-ledger projections "
+                "rebuild pack_generation` restores the view from the log",
+                rule="R28",
+                table=PACK_GENERATION.physical.name,
+                key={"pack": pack, "install_id": install_id},
+            )
+    return found
+
+
+def preparing_in(states: Iterable[PackState]) -> list[tuple[str, str]]:
+    """(pack, install_id) of each pack's newest attempt that the log says is preparing."""
+    return sorted(
+        (str(s.pack), s.newest.install_id)
+        for s in states
+        if s.newest is not None and s.newest.status is GenerationStatus.PREPARING
+    )
