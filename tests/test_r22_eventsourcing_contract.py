@@ -23,7 +23,7 @@ from ledger.commands.core import LeaseLost
 from ledger.log.db import Database, open_database
 from ledger.log.recorder import LedgerRecorder
 from ledger.store.init import init_store
-from tests.cli_support import run_cli
+from tests.cli_inprocess import cli
 from tests.lifecycle_support import World
 
 
@@ -151,10 +151,10 @@ def test_r11_cli_conflict_output_is_unchanged(world: World) -> None:
     """A refused append reaches the user as before: exit 4, CONFLICT, its message."""
     first = world.manifest([world.official("sales", world.commit("sales", 1))])
     other = world.manifest([world.official("sales", world.commit("sales", 2))])
-    done = run_cli("--db", world.url, "apply", str(first), "--command-id", "rel-1", "--json")
+    done = cli("--db", world.url, "apply", str(first), "--command-id", "rel-1", "--json")
     assert done.code == 0, done.stdout + done.stderr
     head = world.head()
-    clash = run_cli("--db", world.url, "apply", str(other), "--command-id", "rel-1", "--json")
+    clash = cli("--db", world.url, "apply", str(other), "--command-id", "rel-1", "--json")
     assert clash.code == 4, clash.stdout + clash.stderr
     assert (clash.json()["error"], clash.json()["details"]["rule"]) == ("CONFLICT", "R10")
     assert "Traceback" not in clash.stdout + clash.stderr
