@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,14 @@ from eventsourcing.system import ProcessApplication, SingleThreadedRunner, Syste
 
 from domain.errors import InvalidInput, UsageError
 from domain.event_types import EVENT_TYPES
+from ledger.log.db import Database, open_database
 from ledger.log.recorder import LedgerRecorder
 from ledger.store.follow import LedgerLog
 from tests.lifecycle_support import World
 from tests.support import Note
 
 ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "fixtures" / "golden_v0"
 
 
 def readme_example() -> str:
@@ -37,16 +40,24 @@ def readme_example() -> str:
     return match.group(1)
 
 
-def _expected(world: World) -> list[tuple[int, str]]:
+def _expected_in(db: Database) -> list[tuple[int, str]]:
     """(position, domain event class) of every stored row, read without the library."""
     return [
         (row.position, EVENT_TYPES.resolve(row.topic).type.cls.__qualname__)
-        for row in LedgerRecorder(world.ledger.db).iter_rows()
+        for row in LedgerRecorder(db).iter_rows()
     ]
 
 
+def _expected(world: World) -> list[tuple[int, str]]:
+    return _expected_in(world.ledger.db)
+
+
 def _run_example(world: World, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], str]:
-    monkeypatch.setenv("CATALOG_LEDGER_DB", world.url)
+    return _run_example_on(world.url, monkeypatch)
+
+
+def _run_example_on(url: str, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], str]:
+    monkeypatch.setenv("CATALOG_LEDGER_DB", url)
     namespace: dict[str, Any] = {}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -65,6 +76,25 @@ def test_r22_readme_follower_example_sees_every_event_in_order(
     assert namespace["view"].seen == expected
     assert printed == f"{len(expected)} events, positions 1 to {world.head()}\n"
     assert namespace["view"].max_tracking_id("CatalogLedger") == world.head()
+
+
+def test_r23_follower_reads_a_golden_v0_store_upcast_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store written by 0.1 (log format v0, schema version 1, not migrated) is followed
+    as it is: every event, in order, as this release's class of its stored type."""
+    shutil.copy(GOLDEN / "store.db", tmp_path / "store.db")
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    db = open_database(url, create=False)
+    try:
+        expected = _expected_in(db)
+        topics = {row.topic for row in LedgerRecorder(db).iter_rows()}
+    finally:
+        db.close()
+    assert any("@" not in topic for topic in topics)  # v0 topics, no schema version
+    namespace, _ = _run_example_on(url, monkeypatch)
+    assert namespace["view"].seen == expected
+    assert len(expected) > 10
 
 
 def test_r22_follower_sees_events_appended_while_it_runs(
