@@ -9,6 +9,7 @@ aggregate cache stay off whatever the environment says.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -18,14 +19,24 @@ from eventsourcing.utils import Environment
 
 from domain.errors import InvalidInput
 from ledger.log.application import LedgerApplication, LedgerFactory
-from ledger.log.db import Database
+from ledger.log.db import Database, open_database
 from ledger.log.mapper import LogMapper
 from ledger.log.recorder import LedgerRecorder
 from ledger.log.transcoder import OrjsonTranscoder
 from ledger.store.follow import LedgerLog
+from ledger.store.init import init_store
 from tests.support import Note
 
 CIPHER_KEY = "m3Rm0xMu3GYxAWnU8/ZGdSHnFBZaGGhXjtqUP3+WZ6o="  # a random AES-256 key, base64
+
+
+@pytest.fixture
+def sqlite_db(sqlite_url: str) -> Iterator[Database]:
+    """One engine is enough where the database is not the point (the mapper's bytes)."""
+    database = open_database(sqlite_url)
+    init_store(database)
+    yield database
+    database.close()
 
 
 def _factory(db: Database, env: dict[str, str]) -> LedgerFactory:
@@ -38,7 +49,10 @@ def _note_events() -> list[object]:
     return list(note.collect_events())
 
 
-def test_r23_factory_builds_the_log_mapper_with_identical_stored_bytes(db: Database) -> None:
+def test_r23_factory_builds_the_log_mapper_with_identical_stored_bytes(
+    sqlite_db: Database,
+) -> None:
+    db = sqlite_db
     direct = LogMapper(OrjsonTranscoder())
     for built in (
         _factory(db, {}).mapper(transcoder=OrjsonTranscoder(), mapper_class=LogMapper),
@@ -71,10 +85,10 @@ def test_r23_factory_builds_the_log_mapper_with_identical_stored_bytes(db: Datab
     ],
 )
 def test_r23_factory_mapper_with_compressor_or_cipher_is_refused_naming_it(
-    db: Database, env: dict[str, str], field: str, setting: str
+    sqlite_db: Database, env: dict[str, str], field: str, setting: str
 ) -> None:
     with pytest.raises(InvalidInput) as info:
-        _factory(db, env).mapper(transcoder=OrjsonTranscoder(), mapper_class=LogMapper)
+        _factory(sqlite_db, env).mapper(transcoder=OrjsonTranscoder(), mapper_class=LogMapper)
     assert (info.value.exit_code, info.value.field) == (3, field)
     assert "log format v1" in info.value.message
     assert f"unset {setting}" in info.value.message
