@@ -6,6 +6,14 @@ stores ``<type name>@<version>`` from ``domain.event_types``, keeps no class
 path in the state (``originator_topic`` is dropped on write and supplied from
 the table on read), reads both log formats, upcasts old schema versions on
 read, and fails closed (INTEGRITY) on any topic it does not know.
+
+The stored ``state`` is exactly the transcoder's bytes: log format v1 has no
+compression and no encryption (``schema/LOG-FORMAT.md``), and ``event_id`` and the
+chain are computed over those stored bytes. ``eventsourcing`` builds mappers as
+``Mapper(transcoder=..., cipher=..., compressor=...)`` (``InfrastructureFactory.mapper()``,
+``MAPPER_TOPIC``), so both keywords are accepted, and anything but ``None`` is refused
+with INVALID naming the setting: a compressed or encrypted state would be another
+format, and the log is forever.
 """
 
 from __future__ import annotations
@@ -14,16 +22,39 @@ from typing import Any, cast
 from uuid import UUID
 
 from eventsourcing.domain import DomainEventProtocol
-from eventsourcing.persistence import Mapper, StoredEvent, Transcoder
+from eventsourcing.persistence import Cipher, Compressor, Mapper, StoredEvent, Transcoder
 from eventsourcing.utils import get_topic
 
+from domain.errors import InvalidInput
 from domain.event_types import EVENT_TYPES, NOT_STATE, EventTypeTable
+
+#: Where a library user would have asked for each (``eventsourcing``'s environment keys).
+_SETTING = {
+    "compressor": "COMPRESSOR_TOPIC",
+    "cipher": "CIPHER_TOPIC or CIPHER_KEY",
+}
 
 
 class LogMapper(Mapper[UUID]):
     """Stored topic = product type name and version; state = the event's own fields."""
 
-    def __init__(self, transcoder: Transcoder, table: EventTypeTable = EVENT_TYPES) -> None:
+    def __init__(
+        self,
+        transcoder: Transcoder,
+        compressor: Compressor | None = None,
+        cipher: Cipher | None = None,
+        *,
+        table: EventTypeTable = EVENT_TYPES,
+    ) -> None:
+        for name, given in (("compressor", compressor), ("cipher", cipher)):
+            if given is not None:
+                raise InvalidInput(
+                    f"the log stores event state uncompressed and unencrypted (log format "
+                    f"v1, schema/LOG-FORMAT.md): a {name} ({type(given).__name__}) would "
+                    f"change the stored bytes; unset {_SETTING[name]}",
+                    field=name,
+                    given=type(given).__name__,
+                )
         super().__init__(transcoder)
         self.table = table
 

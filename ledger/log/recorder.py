@@ -31,6 +31,7 @@ import pymysql
 import sqlalchemy as sa
 from eventsourcing.persistence import (
     ApplicationRecorder,
+    IntegrityError,
     Notification,
     StoredEvent,
     Subscription,
@@ -90,6 +91,26 @@ def stored_types(what: str, position: Callable[[], object]) -> Iterator[None]:
         ) from None
 
 
+class RecordConflict(Conflict, IntegrityError):
+    """A refused append: our CONFLICT, and the ``eventsourcing`` ``IntegrityError``.
+
+    The ``eventsourcing`` recorder contract (``ApplicationRecorderTestCase``) says a
+    recorder refuses a conflicting write with ``eventsourcing.persistence.IntegrityError``
+    (a ``RecordConflictError``); our users see ``Conflict``. Every conflict that leaves
+    the append is this class, so both hold: the code (``CONFLICT``), the exit code (4),
+    the message and the details are ``Conflict``'s, and a library caller catching
+    ``IntegrityError`` or ``RecordConflictError`` catches it too. It lives here, not in
+    ``domain.errors``, because the domain imports no persistence library.
+    """
+
+    @classmethod
+    def of(cls, conflict: Conflict) -> RecordConflict:
+        """The same conflict (message and details) as a ``RecordConflict``."""
+        if isinstance(conflict, RecordConflict):
+            return conflict
+        return cls(conflict.message, **conflict.details)
+
+
 def _uuid(value: UUID | str) -> UUID:
     return value if isinstance(value, UUID) else UUID(value)
 
@@ -141,8 +162,27 @@ class LedgerRecorder(ApplicationRecorder):
         """Append atomically, or raise ``Conflict`` / a typed error and write nothing.
 
         Written aggregates need no fence query: versions are consecutive, so a
-        stale write collides with the unique (aggregate id, version) index.
+        stale write collides with the unique (aggregate id, version) index. Every
+        plain ``Conflict`` that refuses the append (a version collision, a moved
+        fence, a ``precommit`` refusal, a concurrent write reported by the server) is
+        raised as a ``RecordConflict``: also the ``eventsourcing`` ``IntegrityError``
+        its recorder contract names. A caller's own ``Conflict`` subclass raised by its
+        ``precommit`` (``LeaseLost``, ``LeaseBusy``) keeps its class.
         """
+        try:
+            return self._append(stored_events, fence=fence, precommit=precommit)
+        except Conflict as exc:
+            if type(exc) is not Conflict:
+                raise
+            raise RecordConflict.of(exc) from exc
+
+    def _append(
+        self,
+        stored_events: Sequence[StoredEvent],
+        *,
+        fence: Mapping[UUID, int] | None,
+        precommit: Precommit | None,
+    ) -> AppendResult:
         fenced = self._fence_versions(stored_events, fence or {})
         crashpoint("append:begin")
         with self.db.write() as conn:
@@ -196,7 +236,7 @@ class LedgerRecorder(ApplicationRecorder):
             while cursor.nextset():  # the UPDATE's result: its errors surface here
                 pass
         except (sqlite3.IntegrityError, pymysql.err.IntegrityError) as exc:
-            raise Conflict(
+            raise RecordConflict(
                 "an event with the same aggregate id and version already exists",
                 rule="R11",
             ) from exc
@@ -212,12 +252,12 @@ class LedgerRecorder(ApplicationRecorder):
             version = stored.originator_version
             if key in next_version:
                 if version != next_version[key]:
-                    raise Conflict(
+                    raise RecordConflict(
                         "events of one aggregate must have consecutive versions",
                         aggregate_id=str(key),
                     )
             elif key in fence and fence[key] != version - 1:
-                raise Conflict(
+                raise RecordConflict(
                     "state changed since it was read: the read fence and the written "
                     "version disagree",
                     aggregate_id=str(key),
@@ -239,7 +279,7 @@ class LedgerRecorder(ApplicationRecorder):
             for key in chunk:
                 found = current.get(key, 0)
                 if found != expected[key]:
-                    raise Conflict(
+                    raise RecordConflict(
                         "state changed since it was read: the read fence moved",
                         aggregate_id=str(UUID(bytes=key)),
                         expected_version=expected[key],
@@ -264,7 +304,7 @@ class LedgerRecorder(ApplicationRecorder):
                 return
             for aggregate in aggregates():
                 if aggregate.bytes in moved:
-                    raise Conflict(
+                    raise RecordConflict(
                         "state changed since it was read: the read fence moved",
                         aggregate_id=str(aggregate),
                         read_at_position=position,
@@ -659,7 +699,11 @@ def _binary(value: object) -> bytes:
 
 
 class PollingSubscription(Subscription[ApplicationRecorder]):
-    """Follows the log from a position by polling; gapless positions need no gap logic."""
+    """Follows the log from a position by polling; gapless positions need no gap logic.
+
+    ``stop()`` (also on leaving the ``with`` block) ends the iteration at once: the
+    next ``next()`` raises ``StopIteration`` even if read-ahead items are buffered.
+    """
 
     def __init__(
         self,
@@ -683,6 +727,12 @@ class PollingSubscription(Subscription[ApplicationRecorder]):
         self._stopped.set()
 
     def __next__(self) -> Notification:
+        # Stopped means stopped: nothing more is yielded, not even what was already
+        # read into the buffer (the library's contract: one item after stop() during
+        # iteration is the last one, and none after stop() before it).
+        if self._stopped.is_set():
+            self._buffer, self._index = [], 0
+            raise StopIteration
         while self._index >= len(self._buffer):
             if self._stopped.is_set():
                 raise StopIteration
