@@ -60,7 +60,14 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
-import httpx
+try:
+    import httpx
+except ModuleNotFoundError as missing:  # the server's dependencies do not include it
+    raise ModuleNotFoundError(
+        "ledger.client needs httpx: pip install 'catalog-ledger[client]', or for a runtime "
+        "without the server stack see README.md, 'The runtime client'",
+        name=missing.name,
+    ) from None
 import orjson
 
 from domain.errors import (

@@ -10,9 +10,12 @@ revision asked for, raises INTEGRITY and caches nothing; its watch never spins.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from email.utils import formatdate
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,6 +39,7 @@ from tests.http_proxy import TamperingProxy
 from tests.lifecycle_support import World
 
 A, B = "integration:erp-sync", "app:crm"
+ROOT = Path(__file__).resolve().parents[1]
 #: For what concerns the network path, not the database: one engine keeps them fast (the
 #: tampering test and the reader's payload hashes run on every engine).
 ON_SQLITE = pytest.mark.parametrize("engine_url", ["sqlite"], indirect=True)
@@ -421,3 +425,20 @@ def test_r19_client_honours_retry_after_of_429_and_503(
             client.view(A)
         assert len(sleeps) == count
         assert client.retries == 3
+
+
+# -- 25.5: a runtime can install the client -------------------------------------------------
+
+
+def test_r26_client_module_loads_no_server_stack() -> None:
+    # A fresh interpreter: what importing the client loads (the full proof, in a venv
+    # where these packages are absent, is .ci/client-install-check).
+    probe = (
+        "import sys, ledger.client; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'uvicorn', "
+        "'sqlalchemy', 'eventsourcing', 'pydantic', 'starlette', 'pymysql', 'projections'}))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert found.stdout.strip() == "[]"
