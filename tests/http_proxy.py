@@ -96,7 +96,7 @@ class TamperingProxy:
             path, headers = self.route(path, headers)
         try:
             upstream = self._upstream.get(path, params=urlencode(query), headers=headers)
-        except httpx.TransportError:
+        except (httpx.TransportError, RuntimeError):  # the upstream is gone, or closing
             handler.send_error(502)
             return
         body = upstream.content
