@@ -21,8 +21,10 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.canonical import canonical_bytes_trusted
-from domain.digests import Purpose, aggregate_id, digest
+from domain.digests import aggregate_id
+
+# The audience digest lives in the pure module the runtime client shares (one definition).
+from domain.served import audience_digest as audience_digest  # noqa: PLC0414 - re-exported
 
 CATALOG_NAME = "catalog"
 
@@ -305,17 +307,3 @@ def audience_bindings_id(audience_kind: str, audience_id: str) -> UUID:
 
 def catalog_id() -> UUID:
     return aggregate_id("catalog", CATALOG_NAME)
-
-
-def audience_digest(
-    audience: tuple[str, str], grants: list[list[Any]], facts: list[list[Any]]
-) -> str:
-    """Digest of what one audience is served: its grant edges and the facts they name.
-
-    ``grants`` are ``[pack, kind, key, credential_set, install_id]`` and ``facts``
-    ``[pack, install_id, kind, key, fact_digest_hex]``, both in bytewise order.
-    The publisher records it; the reader recomputes it from the rows it returns
-    and fails with INTEGRITY on any difference (R19).
-    """
-    body = canonical_bytes_trusted({"audience": list(audience), "grants": grants, "facts": facts})
-    return digest(Purpose.AUDIENCE_VIEW, body).hex()

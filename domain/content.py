@@ -17,13 +17,13 @@ import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from domain.canonical import canonical_bytes, check_canonical
-from domain.digests import Purpose, digest, hasher, lp, u64
+from domain.digests import Purpose, digest
 from domain.errors import InvalidInput
 from domain.identity import (
     BusinessKey,
@@ -33,6 +33,10 @@ from domain.identity import (
     Identity,
     PackName,
 )
+
+# The fact digest lives in the pure module the runtime client shares (one definition).
+from domain.served import fact_digest as fact_digest  # noqa: PLC0414 - re-exported
+from domain.served import fact_hasher as fact_hasher  # noqa: PLC0414 - re-exported
 
 _HASH = re.compile(r"(v0|v1):([0-9a-f]{64})")
 
@@ -216,29 +220,6 @@ class PackContent:
     def proves(self, stored_hash: str) -> bool:
         """Does a stored ``v1:``/``v0:`` hash prove this exact content (R7)?"""
         return stored_hash in (self.payload_hash_v1, self.payload_hash_v0)
-
-
-def fact_digest(pack: str, install_id: str, payload_hash: str, fact: bytes) -> bytes:
-    """Identity of one immutable fact: its generation coordinates and its exact bytes."""
-    return fact_hasher(pack, install_id, payload_hash)(fact)
-
-
-@lru_cache(maxsize=4096)
-def fact_hasher(pack: str, install_id: str, payload_hash: str) -> Callable[[bytes], bytes]:
-    """``fact_digest`` with the generation coordinates hashed once, for many facts.
-
-    Same bytes as ``digest(FACT, lp(pack, install_id, payload_hash, fact))``.
-    """
-    base = hasher(Purpose.FACT)
-    base.update(lp(pack.encode(), install_id.encode(), payload_hash.encode()))
-
-    def one(fact: bytes) -> bytes:
-        h = base.copy()
-        h.update(u64(len(fact)))
-        h.update(fact)
-        return bytes(h.digest())
-
-    return one
 
 
 def hash_problem(value: object) -> str | None:

@@ -2,39 +2,74 @@
 
 ``CatalogClient(base_url, token=..., tls=...)`` mirrors the local reader
 (``CatalogReader``): ``view(audience, min_revision=None)``, ``watch(audience)`` and
-``head()`` return the same ``AudienceView`` / ``CatalogHead`` and raise the same typed
-errors (``Missing``, ``Stale``, ``InvalidInput``, ``IntegrityFailure``,
-``Unauthenticated``, ``Unavailable``), built from the server's error body.
+``head()`` return ``AudienceView`` / ``CatalogHead`` (``domain.served``, the same
+fields as the reader's) and raise the same typed errors (``Missing``, ``Stale``,
+``InvalidInput``, ``IntegrityFailure``, ``Unauthenticated``, ``Unavailable``), built
+from the server's error body.
 
-- **ETag cache**: the last view of each audience is kept with its weak ETag and sent
-  back as ``If-None-Match``; a 304 answers with the kept view. Every view received is
-  checked against its audience digest (the ETag's value) before it is kept or returned,
-  so a cached body is always the content its validator names.
+It imports only the pure domain, httpx, orjson and blake3: a runtime needs none of the
+server stack (FastAPI, uvicorn, SQLAlchemy, eventsourcing, pydantic) to read its catalog.
+
+**What it verifies**, on every 200, before the view is kept or returned (any failure is
+``IntegrityFailure``, and that audience's cached view is dropped):
+
+- the body is the view of the audience asked for (``audience``), and its ``revision``
+  is at least the ``min_revision`` asked for;
+- every fact's digest, recomputed from the ``pack``, ``install_id``, ``payload_hash``,
+  ``kind``, ``key``, ``payload``, ``requires`` and ``credential_sets`` received, encoded
+  by ``domain.canonical`` (``domain.served.fact_digest``, the store's one definition);
+- the audience digest, recomputed from the grants received and those fact digests
+  (``domain.served.audience_digest``), and the ETag that names it.
+
+Only the fields verified are returned (a field the server adds is dropped).
+
+**What it takes on the server's word**: that the view is of the *current* revision
+(``revision`` and ``head()`` are not covered by any digest the client can check, and a
+304 confirms content, not currency); ``content_digest``, which covers every audience's
+view, so a client that sees only its own cannot recompute it (``AudienceView.
+content_digest_verified`` is ``False``); and that a proxy which recomputes every digest
+is honest. R29 (proof bundles over signed, witnessed checkpoints) closes both.
+
+- **ETag cache**: the last verified view of each audience is kept with its weak ETag
+  and sent back as ``If-None-Match``; a 304 answers with the kept view.
 - **Fail closed**: after MISSING or INTEGRITY for an audience, its cached view is
   dropped; after 401 every cached view is (the credential is no longer good). None is
   ever returned in place of an error.
-- **Retries**: only UNAVAILABLE (503, or the server unreachable) is retried, with full
-  jitter exponential backoff, until ``retry_total`` seconds have been spent; then the
-  last UNAVAILABLE is raised. Nothing else is retried.
+- **Retries**: only UNAVAILABLE (503, 429, other 5xx without an error body, or the
+  server unreachable) is retried, with full jitter exponential backoff, waiting at least
+  what ``Retry-After`` asks, until ``retry_total`` seconds would be spent; then the last
+  UNAVAILABLE is raised. Nothing else is retried.
 - **Watch**: ``watch`` yields the current view, then long-polls
   (``?wait=SECONDS`` with ``If-None-Match``) and yields each time the audience's own
-  content changes; an error ends the iteration by raising it.
+  content changes; an error ends the iteration by raising it. It never spins: a poll
+  that comes back with unchanged content sooner than ``watch_interval`` seconds (a
+  proxy that drops ``If-None-Match`` or ``wait``) is followed by a pause until that
+  interval has passed.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import ssl
 import time
 from collections.abc import Callable, Iterator
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
-import httpx
+try:
+    import httpx
+except ModuleNotFoundError as missing:  # the server's dependencies do not include it
+    raise ModuleNotFoundError(
+        "ledger.client needs httpx: pip install 'catalog-ledger[client]', or for a runtime "
+        "without the server stack see README.md, 'The runtime client'",
+        name=missing.name,
+    ) from None
+import orjson
 
-from domain.catalog import audience_digest
 from domain.errors import (
     Conflict,
     IntegrityFailure,
@@ -46,7 +81,7 @@ from domain.errors import (
     Unavailable,
 )
 from domain.identity import Audience
-from projections.reader import AudienceView, CatalogHead
+from domain.served import AudienceView, CatalogHead, audience_digest, fact_bytes, fact_digest
 
 _ERRORS: dict[str, type[LedgerError]] = {
     cls.code: cls
@@ -62,6 +97,10 @@ _ERRORS: dict[str, type[LedgerError]] = {
 }
 #: Default long-poll of ``watch`` (seconds; the server accepts 1 to 300).
 WATCH_SECONDS = 60
+#: Default least time between two polls of ``watch`` whose content did not change.
+WATCH_INTERVAL = 1.0
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_GRANT_FIELDS = ("pack", "kind", "key", "credential_set", "install_id")
 
 
 def tls_context(
@@ -88,6 +127,7 @@ class CatalogClient:
         retry_total: float = 30.0,
         retry_base: float = 0.1,
         retry_cap: float = 5.0,
+        watch_interval: float = WATCH_INTERVAL,
         sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
@@ -104,6 +144,7 @@ class CatalogClient:
         self.retry_total = retry_total
         self.retry_base = retry_base
         self.retry_cap = retry_cap
+        self.watch_interval = watch_interval
         self._sleep = sleep
         self._monotonic = monotonic
         self._jitter = jitter
@@ -124,15 +165,29 @@ class CatalogClient:
         last = self.view(audience)
         yield last
         while True:
+            started = self._monotonic()
             found = self._view(audience, min_revision=None, wait=wait)
             if found.audience_digest != last.audience_digest:
                 last = found
                 yield found
+                continue
+            # Unchanged, and maybe at once (the wait or the validator lost on the way):
+            # never poll again sooner than watch_interval after the last poll began.
+            pause = self.watch_interval - (self._monotonic() - started)
+            if pause > 0:
+                self._sleep(pause)
 
     def head(self) -> CatalogHead:
         """The active catalog revision and its content digest."""
-        body = self._get("/v1/catalog/head", {}, {}, audience=None).json()
-        return CatalogHead(int(body["revision"]), str(body["content_digest"]))
+        response = self._get("/v1/catalog/head", {}, {}, audience=None)
+        try:
+            body = orjson.loads(response.content)
+            revision, content = body["revision"], body["content_digest"]
+            if type(revision) is not int or revision < 0 or not isinstance(content, str):
+                raise TypeError("revision or content_digest has the wrong type")
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise IntegrityFailure(f"the server sent a head that is not one: {exc}") from None
+        return CatalogHead(revision, content)
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -160,7 +215,7 @@ class CatalogClient:
                 raise IntegrityFailure("the server answered 304 to a request without a validator")
             return cached
         try:
-            found = _view_of(response)
+            found = _verified_view(response, parsed, min_revision)
         except IntegrityFailure:
             self._cache.pop(name, None)
             raise
@@ -173,6 +228,7 @@ class CatalogClient:
         started = self._monotonic()
         attempt = 0
         while True:
+            asked = 0.0  # what the server's Retry-After asks (seconds)
             try:
                 self.requests += 1
                 response = self._http.get(path, params=params, headers=headers, timeout=_timeout(
@@ -180,6 +236,7 @@ class CatalogClient:
                 ))  # fmt: skip
                 if response.status_code in (200, 304):
                     return response
+                asked = _retry_after(response.headers.get("retry-after"), time.time())
                 raise _error_of(response)
             except httpx.TransportError as exc:
                 error: LedgerError = Unavailable(
@@ -194,7 +251,8 @@ class CatalogClient:
             except Unauthenticated:
                 self._cache.clear()
                 raise
-            delay = min(self.retry_cap, self.retry_base * 2**attempt) * self._jitter()
+            # Never sooner than the server's Retry-After (503, 429), within the bound.
+            delay = max(asked, min(self.retry_cap, self.retry_base * 2**attempt) * self._jitter())
             if self._monotonic() - started + delay > self.retry_total:
                 raise error
             attempt += 1
@@ -232,36 +290,138 @@ def _error_of(response: httpx.Response) -> LedgerError:
     except (ValueError, KeyError, TypeError):
         cls, message, details = None, response.text[:200], {}
     if cls is None:
-        cls = Unavailable if response.status_code >= 500 else IntegrityFailure
+        # 429 Too Many Requests (a proxy's or a balancer's) is "come back later" too.
+        retryable = response.status_code >= 500 or response.status_code == 429
+        cls = Unavailable if retryable else IntegrityFailure
         message = f"HTTP {response.status_code} from the catalog server: {message}"
     return cls(message, **details)
 
 
-def _view_of(response: httpx.Response) -> AudienceView:
-    """The view of a 200, verified against its audience digest (and so its ETag)."""
+def _retry_after(value: str | None, now: float) -> float:
+    """Seconds a ``Retry-After`` asks for (delta-seconds or an HTTP-date; RFC 9110 10.2.3),
+    0 when absent or unreadable."""
+    if value is None:
+        return 0.0
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        return float(int(text[:9]))
     try:
-        body = response.json()
-        view = AudienceView(
-            audience=str(body["audience"]),
-            revision=int(body["revision"]),
-            content_digest=str(body["content_digest"]),
-            audience_digest=str(body["audience_digest"]),
-            grants=list(body["grants"]),
-            facts=list(body["facts"]),
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return 0.0
+    if when.tzinfo is None:
+        return 0.0
+    return max(0.0, when.timestamp() - now)
+
+
+def _integrity(message: str, field: str) -> IntegrityFailure:
+    return IntegrityFailure(f"the view received is not the one asked for: {message}", field=field)
+
+
+def _text(obj: dict[str, Any], name: str, path: str, *, nullable: bool = False) -> Any:
+    value = obj.get(name)
+    if isinstance(value, str) or (nullable and value is None and name in obj):
+        return value
+    raise _integrity(f"{path}.{name} is not a string", f"{path}.{name}")
+
+
+def _objects(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    items = body.get(name)
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise _integrity(f"$.{name} is not a list of objects", f"$.{name}")
+    return items
+
+
+def _verified_view(
+    response: httpx.Response, audience: Audience, min_revision: int | None
+) -> AudienceView:
+    """The view of a 200, every digest the client can check recomputed (module docstring).
+
+    Built only from the verified fields; raises ``IntegrityFailure`` naming the JSON path
+    of the first field that does not check out."""
+    name = f"{audience.kind.value}:{audience.id}"
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError as exc:
+        raise _integrity(f"the body is not JSON: {exc}", "$") from None
+    if not isinstance(body, dict):
+        raise _integrity("the body is not a JSON object", "$")
+    if body.get("audience") != name:
+        raise _integrity(
+            f"$.audience is {body.get('audience')!r}, not the audience asked for {name!r}",
+            "$.audience",
         )
-        kind, _, ident = view.audience.partition(":")
-        grants = [
-            [g["pack"], g["kind"], g["key"], g["credential_set"], g["install_id"]]
-            for g in view.grants
+    revision = body.get("revision")
+    if type(revision) is not int or revision < 0:
+        raise _integrity("$.revision is not a non-negative integer", "$.revision")
+    if min_revision is not None and revision < min_revision:
+        raise _integrity(
+            f"$.revision is {revision}, below the min_revision {min_revision} asked for "
+            "(the server must answer STALE)",
+            "$.revision",
+        )
+    content = _text(body, "content_digest", "$")
+    recorded = _text(body, "audience_digest", "$")
+    grants, grant_rows = [], []
+    for n, g in enumerate(_objects(body, "grants")):
+        at = f"$.grants[{n}]"
+        row = [
+            _text(g, "pack", at),
+            _text(g, "kind", at),
+            _text(g, "key", at),
+            _text(g, "credential_set", at, nullable=True),
+            _text(g, "install_id", at),
         ]
-        facts = [
-            [f["pack"], f["install_id"], f["kind"], f["key"], f["fact_digest"]] for f in view.facts
-        ]
-        recomputed = audience_digest((kind, ident), grants, facts)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise IntegrityFailure(f"the server sent a view that is not one: {exc}") from None
-    if recomputed != view.audience_digest:
-        raise IntegrityFailure("the view received does not match its audience digest")
+        grant_rows.append(row)
+        grants.append(dict(zip(_GRANT_FIELDS, row, strict=True)))
+    facts, fact_rows = [], []
+    for n, f in enumerate(_objects(body, "facts")):
+        at = f"$.facts[{n}]"
+        pack, install_id = _text(f, "pack", at), _text(f, "install_id", at)
+        kind, key = _text(f, "kind", at), _text(f, "key", at)
+        payload_hash, claimed = _text(f, "payload_hash", at), _text(f, "fact_digest", at)
+        parts = {p: f.get(p) for p in ("payload", "requires", "credential_sets")}
+        if not all(p in f for p in parts):
+            raise _integrity(f"{at} lacks payload, requires or credential_sets", at)
+        try:
+            stored = fact_bytes(
+                kind, key, parts["payload"], parts["requires"], parts["credential_sets"]
+            )
+        except InvalidInput as exc:
+            raise _integrity(f"{at} is not canonical JSON: {exc.message}", at) from None
+        recomputed = fact_digest(pack, install_id, payload_hash, stored).hex()
+        if recomputed != claimed:
+            raise _integrity(
+                f"{at} ({pack}/{kind}/{key}) does not match its fact digest: its payload, "
+                "requires or credential_sets were altered",
+                at,
+            )
+        fact_rows.append([pack, install_id, kind, key, recomputed])
+        facts.append(
+            {
+                "pack": pack,
+                "install_id": install_id,
+                "kind": kind,
+                "key": key,
+                **parts,
+                "payload_hash": payload_hash,
+                "fact_digest": recomputed,
+            }
+        )
+    if not _DIGEST.fullmatch(recorded) or recorded != audience_digest(
+        (audience.kind.value, str(audience.id)), grant_rows, fact_rows
+    ):
+        raise _integrity(
+            "the grants and facts received do not match $.audience_digest", "$.audience_digest"
+        )
+    view = AudienceView(
+        audience=name,
+        revision=revision,
+        content_digest=content,
+        audience_digest=recorded,
+        grants=grants,
+        facts=facts,
+    )
     if response.headers.get("etag") != view.etag:
-        raise IntegrityFailure("the view's ETag does not name its audience digest")
+        raise _integrity("the ETag does not name the audience digest", "etag")
     return view

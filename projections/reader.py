@@ -663,6 +663,7 @@ def _verified(
                 "payload": data["payload"],
                 "requires": data["requires"],
                 "credential_sets": data["credential_sets"],
+                "payload_hash": payload_hash,
                 "fact_digest": fact_digest.hex(),
             }
     fact_entries = [[*k, facts[k]["fact_digest"]] for k in sorted(facts)]

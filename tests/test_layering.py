@@ -76,9 +76,9 @@ ALLOWED_OURS = {
         "ledger.observability",
         "projections",
     },
-    # The runtime client speaks HTTP to a server; it shares only the domain and the
-    # reader's result types with the rest.
-    "ledger.client": {"domain", "projections.reader"},
+    # The runtime client speaks HTTP to a server; it shares only the pure domain (the
+    # digests and result types of ``domain.served``) with the rest: no server stack.
+    "ledger.client": {"domain"},
     # Entrypoints are thin adapters over the API (and the audit's schema generators).
     "ledger.cli": {"domain", "ledger.api", "ledger.audit", "ledger.http", "ledger.observability"},
     "ledger.http": {

@@ -155,6 +155,9 @@ class Fact(BaseModel):
     payload: Any
     requires: list[dict[str, str | None]]
     credential_sets: list[str] | None
+    #: The generation's payload hash: with the fields above it lets a client recompute
+    #: ``fact_digest`` (``domain.served.fact_digest``), and so the audience digest.
+    payload_hash: str
     fact_digest: str
 
 
