@@ -58,8 +58,8 @@ from bench.common import (
     summary,
     wait_http,
 )
+from domain.served import AudienceView
 from ledger.api import Store
-from projections.reader import AudienceView
 
 CLI = str(Path(sys.executable).with_name("catalog-ledger"))
 #: The peer's answer, as ``{"status", "headers", "body"}`` JSON in this file.

@@ -31,6 +31,7 @@ from typing import IO, Any, TextIO, TypedDict, cast, overload
 from domain.canonical import parse_json
 from domain.errors import IntegrityFailure, InvalidInput, LedgerError, UsageError
 from domain.identity import Audience
+from domain.served import AudienceView
 from ledger.audit.export import export_jsonl
 from ledger.audit.history import audience_history, history, view_at
 from ledger.audit.proofs import MerkleLog, checkpoint, origin_of, verify_proof
@@ -60,7 +61,7 @@ from ledger.store.restore import import_jsonl as restore_jsonl
 from ledger.store.restore import read_lines
 from ledger.store.runtime import Ledger
 from projections.queries import PackStatus, pack_status
-from projections.reader import AudienceView, CatalogReader, parse_audience, parse_revision
+from projections.reader import CatalogReader, parse_audience, parse_revision
 from projections.runner import ProjectionsStatus, RebuildOutcome
 
 Progress = Callable[[int, int], None]

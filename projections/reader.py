@@ -27,8 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from operator import itemgetter
 from typing import Any, Protocol
 
@@ -48,6 +47,7 @@ from domain.event_types import (
 )
 from domain.identity import Audience
 from domain.lifecycle import activation_id, generation_id
+from domain.served import AudienceView, CatalogHead
 from projections import checks
 from projections.catalog_views import OPEN, CatalogView
 from projections.framework import Projection, code_mismatch
@@ -57,47 +57,6 @@ from projections.lifecycle_views import PackActivationView, PackComponentView, P
 MISSING_MESSAGE = "no catalog view is published for this audience"
 
 
-@dataclass(frozen=True)
-class AudienceView:
-    """What one audience may use at one revision."""
-
-    audience: str
-    revision: int
-    content_digest: str
-    audience_digest: str
-    grants: list[dict[str, Any]]
-    facts: list[dict[str, Any]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "audience": self.audience,
-            "revision": self.revision,
-            "content_digest": self.content_digest,
-            "audience_digest": self.audience_digest,
-            "grants": self.grants,
-            "facts": self.facts,
-        }
-
-    @cached_property
-    def body(self) -> bytes:
-        """The JSON document of ``to_json``, serialized once per verified view."""
-        return orjson.dumps(self.to_json())
-
-    @property
-    def etag(self) -> str:
-        """The HTTP validator: weak, from the audience's own digest, so that it confirms
-        this audience's content and never a body of other content (a 304 means "your
-        content is unchanged", even when the revision moved)."""
-        return f'W/"{self.audience_digest}"'
-
-
-@dataclass(frozen=True)
-class CatalogHead:
-    revision: int
-    content_digest: str
-
-
-@lru_cache(maxsize=1 << 16)  # pure; runtimes ask for the same few audiences again and again
 def parse_audience(kind: str, ident: str) -> Audience:
     """Typed audience from its two parts; INVALID names which part is bad."""
     try:

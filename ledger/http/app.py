@@ -60,6 +60,7 @@ from domain.errors import (
     Unavailable,
 )
 from domain.identity import Audience
+from domain.served import AudienceView
 from ledger.http.auth import (
     REFRESH_SECONDS,
     Authenticator,
@@ -82,7 +83,7 @@ from ledger.http.watch import (
 from ledger.observability import configure_from_environment
 from ledger.store import contract
 from ledger.store.replica import replication, writable
-from projections.reader import AudienceView, CatalogReader, parse_audience, parse_revision
+from projections.reader import CatalogReader, parse_audience, parse_revision
 
 API_VERSION = "1"
 

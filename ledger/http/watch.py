@@ -27,7 +27,8 @@ import anyio.to_thread
 
 from domain.errors import LedgerError, Unavailable
 from domain.identity import Audience
-from projections.reader import AudienceView, CatalogReader
+from domain.served import AudienceView
+from projections.reader import CatalogReader
 
 #: The bounds of ``wait`` (seconds) and the default bound of waiters per process.
 MIN_WAIT, MAX_WAIT = 1, 300
