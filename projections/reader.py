@@ -331,10 +331,8 @@ class CatalogReader:
                 )
             # Bytewise (pack, kind, key, credential set): the publisher's digest order (R3).
             # Both drivers return BLOBs as bytes, so the row slices are the cache key as is.
-            grants = tuple(
-                sorted(
-                    [row[_GRANTS:] for row in rows if row[_GRANTS] is not None], key=_GRANT_ORDER
-                )
+            grants = _sorted_grants(
+                pair, [row[_GRANTS:] for row in rows if row[_GRANTS] is not None]
             )
             bound = _bound_generations(grants)
             ids = [catalog_id(), published_view_id(*pair)]
@@ -446,6 +444,21 @@ class CatalogReader:
 _GRANTS = 17
 _HEAD = 16
 _GRANT_ORDER = itemgetter(0, 1, 2, 3)
+
+
+def _sorted_grants(
+    pair: tuple[str, str], rows: list[tuple[Any, ...]]
+) -> tuple[tuple[Any, ...], ...]:
+    """The grant rows in the publisher's digest order; a key cell that is not the bytes
+    the schema declares (a column stored as another type) is an edited row (INTEGRITY)."""
+    for row in rows:
+        if any(type(cell) is not bytes for cell in row[:6]):
+            raise _view_row(
+                "view_catalog_grant",
+                {"audience": f"{pair[0]}:{pair[1]}"},
+                "a grant cell is not the bytes the schema declares",
+            )
+    return tuple(sorted(rows, key=_GRANT_ORDER))
 
 
 def _text(value: object) -> str:

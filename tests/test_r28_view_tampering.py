@@ -1,0 +1,466 @@
+"""R28: a view is a cache of the log — no edited view row reaches a runtime or the log.
+
+One store per engine holds two revisions and three audiences, a pending (unpublished)
+binding, and a next manifest that changes one pack, so ``publish`` and ``apply`` have
+real work to do. Then, one at a time, every view table the reader or the command side
+reads (``publish_fragment`` and ``projection_state`` included) gets: a single-cell edit
+of each column of a live row, a deleted row, an inserted row and, on SQLite, a column
+stored as another type. After each edit:
+
+* ``view`` of every audience gives the untampered bytes or INTEGRITY (MISSING for the
+  audience the log never granted; STALE naming the projection for ``projection_state``
+  edits, their R25 outcome);
+* ``publish``, and separately the next ``apply``, append the very events the untampered
+  store appends (clock and lease holder injected; timestamps aside), or fail with
+  INTEGRITY and append nothing;
+* ``audit verify`` of the log stays clean.
+
+Each R28 check has a test-only switch (``projections.checks``): with any one of them
+off, the same sweep finds a violation — the checks are each needed, and the test bites.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import sqlalchemy as sa
+
+from domain.errors import IntegrityFailure, LedgerError, Missing, Stale
+from ledger.audit.verify import verify_log
+from ledger.commands.service import CommandService
+from ledger.log.db import open_database
+from ledger.store import fragments
+from ledger.store.runtime import Ledger
+from projections import checks
+from projections.framework import state_table
+from projections.reader import CatalogReader, _verified, parse_audience
+from projections.registry import ALL_PROJECTIONS
+from tests.conftest import Server
+from tests.lifecycle_support import World
+
+#: Four more audiences bound to beta only, so that a change to alpha touches few enough
+#: audiences for the incremental publication (which keeps fragments) to run.
+FILLERS = [f"app:f{i}" for i in range(4)]
+AUDIENCES = ["app:one", "app:two", *FILLERS, "app:never"]
+_CLOCK = 1_900_000_000.0
+
+
+def _bindings(spec: dict[str, list[str]]) -> list[dict[str, Any]]:
+    return [
+        {"audience": audience, "pack": pack, **binding}
+        for audience, packs in spec.items()
+        for pack in packs
+        for binding in (
+            {"kind": "push_contract", "key": "Order.push"},
+            {"kind": "callout_profile", "key": "erp", "credential_set": "erp-prod"},
+        )
+    ]
+
+
+@dataclass
+class Base:
+    """The untampered store and what each command does to it."""
+
+    world: World
+    next_manifest: Path
+    views: dict[str, bytes | type[LedgerError]]
+    published: list[tuple[Any, ...]]
+    applied: list[tuple[Any, ...]]
+
+
+def _service(url: str) -> tuple[Ledger, CommandService]:
+    ledger = Ledger(open_database(url))
+    return ledger, CommandService(ledger, holder="sweep", clock=lambda: _CLOCK, lease_wait=0.0)
+
+
+def _views(ledger: Ledger) -> dict[str, bytes | type[LedgerError]]:
+    _verified.cache_clear()
+    reader = CatalogReader(ledger.db, cache_size=0)
+    out: dict[str, bytes | type[LedgerError]] = {}
+    for name in AUDIENCES:
+        kind, ident = name.split(":")
+        try:
+            out[name] = reader.view(parse_audience(kind, ident)).body
+        except LedgerError as exc:
+            out[name] = type(exc)
+    return out
+
+
+def _events_after(ledger: Ledger, position: int) -> list[tuple[Any, ...]]:
+    with ledger.db.read() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT aggregate_id, version, topic, state FROM ledger_events "
+                "WHERE position > :p ORDER BY position"
+            ),
+            {"p": position},
+        ).all()
+    out = []
+    for aggregate, version, topic, state in rows:
+        data = orjson.loads(bytes(state))
+        data.pop("timestamp", None)
+        out.append((bytes(aggregate), int(version), bytes(topic), data))
+    return out
+
+
+def _run(url: str, action: Callable[[CommandService], Any]) -> list[tuple[Any, ...]] | str:
+    """The events ``action`` appends, or ``"INTEGRITY"`` when it refused and appended nothing."""
+    ledger, service = _service(url)
+    try:
+        before = ledger.recorder.head().position
+        try:
+            action(service)
+        except IntegrityFailure:
+            after = ledger.recorder.head().position
+            return "INTEGRITY" if after == before else f"INTEGRITY after appending {after - before}"
+        except LedgerError as exc:
+            return f"{type(exc).__name__}: {exc.message}"
+        return _events_after(ledger, before)
+    finally:
+        ledger.db.close()
+
+
+def _build(tmp: Path, url: str) -> Base:
+    world = World(tmp, url, holder="sweep", clock=lambda: _CLOCK, lease_wait=0.0)
+    a1, b1 = world.commit("alpha", 1), world.commit("beta", 1)
+    spec = {"app:one": ["alpha"], "app:two": ["beta"], **{f: ["beta"] for f in FILLERS}}
+    packs = [world.official("alpha", a1), world.official("beta", b1)]
+    world.service.apply(world.manifest(packs, _bindings(spec)))
+    a2 = world.commit("alpha", 2)
+    packs = [world.official("alpha", a2), world.official("beta", b1)]
+    world.service.apply(world.manifest(packs, _bindings(spec)), publish=False)
+    world.service.publish()  # revision 2, by publish: its fragments are kept
+    pending = {**spec, "app:two": ["beta", "alpha"]}
+    world.service.apply(world.manifest(packs, _bindings(pending)), publish=False)
+    b2 = world.commit("beta", 2)
+    next_manifest = world.manifest(
+        [world.official("alpha", a2), world.official("beta", b2)], _bindings(pending)
+    )
+    world.service.credentials_issue("app:one")
+    world.ledger.runner.catch_up(world.db, "command_log")
+    return Base(world, next_manifest, _views(world.ledger), [], [])
+
+
+# -- the edits --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Edit:
+    table: str
+    what: str  # "edit <column>", "delete", "insert", "retype <column>"
+    state: bool = False  # a projection_state edit: STALE is its outcome (R25)
+
+    def __str__(self) -> str:
+        return f"{self.table}: {self.what}"
+
+
+def _tables() -> list[sa.Table]:
+    out = [t.physical for p in ALL_PROJECTIONS for t in p.tables]
+    return [*out, fragments.FRAGMENTS]
+
+
+def _live_row(conn: sa.Connection, table: sa.Table) -> dict[str, Any] | None:
+    query = sa.select(table)
+    if "view_version" in table.c:
+        live = sa.select(state_table.c.live_version).where(
+            state_table.c.name == _owner(table.name).encode()
+        )
+        query = query.where(table.c.view_version == live.scalar_subquery())
+    if "to_revision" in table.c:
+        query = query.order_by(table.c.to_revision.desc())
+    return next((r._asdict() for r in conn.execute(query.limit(1))), None)
+
+
+def _owner(physical: str) -> str:
+    return next(p.name for p in ALL_PROJECTIONS for t in p.tables if t.physical.name == physical)
+
+
+def edits(url: str, *, sqlite: bool) -> list[Edit]:
+    db = open_database(url)
+    try:
+        out: list[Edit] = []
+        with db.read() as conn:
+            for table in _tables():
+                row = _live_row(conn, table)
+                if row is None:
+                    if table.name != "view_audience_map_pending":
+                        raise AssertionError(f"no live row in {table.name}: the store is too small")
+                    out.append(Edit(table.name, "insert"))
+                    continue
+                for column in table.columns:
+                    if column.name != "view_version":
+                        out.append(Edit(table.name, f"edit {column.name}"))
+                        if sqlite:
+                            out.append(Edit(table.name, f"retype {column.name}"))
+                out += [Edit(table.name, "delete"), Edit(table.name, "insert")]
+        out += [Edit("projection_state", "edit stopped", True)]
+        out += [Edit("projection_state", "edit code_version", True)]
+        return out
+    finally:
+        db.close()
+
+
+def _flip(value: Any, attempt: int = 0) -> Any:
+    """Another value of the same type and length (a key column's first tries may collide
+    with another row's key: then a further one)."""
+    if value is None:
+        return b"x"
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1 + 1000 * attempt
+    raw = bytes(value)
+    if not raw:
+        return b"x"
+    return raw[:-1] + bytes([raw[-1] ^ (0x01, 0x40, 0x11)[attempt]])
+
+
+def apply_edit(url: str, edit: Edit) -> None:
+    db = open_database(url)
+    try:
+        with db.write() as conn:
+            if edit.table == "projection_state":
+                st = state_table
+                column = edit.what.split()[1]
+                value = sa.true() if column == "stopped" else st.c.code_version + 1
+                conn.execute(st.update().where(st.c.name == b"catalog").values({column: value}))
+                return
+            table = next(t for t in _tables() if t.name == edit.table)
+            row = _live_row(conn, table)
+            if row is None:  # the audience map's pending table, empty between appends
+                version = _live_row(
+                    conn, next(t for t in _tables() if t.name == "view_audience_map")
+                )
+                assert version is not None
+                conn.execute(
+                    table.insert().values(
+                        view_version=version["view_version"],
+                        audience_key=b"\x01" * 32,
+                        revision=2,
+                        leaf_value=None,
+                    )
+                )
+                return
+            key = [c.name for c in table.primary_key.columns]
+            where = sa.and_(*(table.c[k] == row[k] for k in key))
+            verb, _, column = edit.what.partition(" ")
+            if verb == "delete":
+                conn.execute(table.delete().where(where))
+            elif verb == "edit":
+                for attempt in range(3):
+                    with conn.begin_nested():
+                        try:
+                            conn.execute(
+                                table.update()
+                                .where(where)
+                                .values({column: _flip(row[column], attempt)})
+                            )
+                        except sa.exc.IntegrityError:
+                            continue
+                    break
+            elif verb == "retype":
+                kind = "INTEGER" if isinstance(row[column], bytes) else "TEXT"
+                conn.execute(
+                    sa.text(
+                        f'UPDATE "{table.name}" SET "{column}" = CAST("{column}" AS {kind}) '
+                        f"WHERE {' AND '.join(f'{chr(34)}{k}{chr(34)} = :{k}' for k in key)}"
+                    ),
+                    {k: row[k] for k in key},
+                )
+            else:
+                forged = dict(row)
+                last = next(k for k in reversed(key) if k != "view_version")
+                forged[last] = _flip(row[last]) if not isinstance(row[last], int) else 10**6
+                conn.execute(table.insert().values(forged))
+    finally:
+        db.close()
+
+
+# -- the sweep --------------------------------------------------------------------------------
+
+
+class Copies:
+    """Fresh copies of the base store, one per command run."""
+
+    def __init__(self, base_url: str, tmp: Path, server: Server | None) -> None:
+        self.base, self.tmp, self.server, self.n = base_url, tmp, server, 0
+
+    @property
+    def sqlite(self) -> bool:
+        return self.server is None
+
+    def __call__(self) -> Iterator[str]:
+        self.n += 1
+        if self.server is None:
+            path = self.tmp / f"copy-{self.n}.db"
+            source = Path(self.base.removeprefix("sqlite:///"))
+            shutil.copyfile(source, path)
+            for suffix in ("-wal", "-shm"):
+                if source.with_name(source.name + suffix).exists():
+                    shutil.copyfile(source.with_name(source.name + suffix), f"{path}{suffix}")
+            yield f"sqlite:///{path}"
+            for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                leftover.unlink(missing_ok=True)
+            return
+        with self.server.scratch() as url:
+            _copy_database(self.server, self.base, url)
+            yield url
+
+
+def _copy_database(server: Server, source: str, target: str) -> None:
+    src, dst = sa.make_url(source).database, sa.make_url(target).database
+    conn = server.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SHOW TABLES FROM `{src}`")
+            for (name,) in cur.fetchall():
+                cur.execute(f"CREATE TABLE `{dst}`.`{name}` LIKE `{src}`.`{name}`")
+                cur.execute(f"INSERT INTO `{dst}`.`{name}` SELECT * FROM `{src}`.`{name}`")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def _copy(copies: Copies) -> Iterator[str]:
+    return copies()
+
+
+def sweep(base: Base, copies: Copies, chosen: list[Edit], *, first: bool = False) -> list[str]:
+    """Every violation of the R28 property over ``chosen`` edits (stop at the first: ``first``)."""
+    manifest = base.next_manifest
+    found: list[str] = []
+    for edit in chosen:
+        problems: list[str] = []
+        for url in _copy(copies):
+            apply_edit(url, edit)
+            ledger = Ledger(open_database(url))
+            try:
+                got = _views(ledger)
+            finally:
+                ledger.db.close()
+            for name, want in base.views.items():
+                allowed: tuple[Any, ...] = (want, IntegrityFailure)
+                if edit.state:
+                    allowed = (want, Stale)
+                if got[name] not in allowed:
+                    problems.append(f"view {name} gave {got[name]!r}")
+            outcome = _run(url, lambda s: s.publish())
+            if outcome not in (base.published, "INTEGRITY") and not edit.state:
+                problems.append(f"publish: {_short(outcome, base.published)}")
+            ledger = Ledger(open_database(url))
+            try:
+                report = verify_log(ledger, views=False)
+            finally:
+                ledger.db.close()
+            if report.problems:
+                problems.append(f"audit: {report.problems[0]}")
+        for url in _copy(copies):
+            apply_edit(url, edit)
+            outcome = _run(url, lambda s: s.apply(manifest))
+            if outcome not in (base.applied, "INTEGRITY") and not edit.state:
+                problems.append(f"apply: {_short(outcome, base.applied)}")
+        found += [f"{edit}: {p}" for p in problems]
+        if first and found:
+            break
+    return found
+
+
+def _short(outcome: Any, want: list[tuple[Any, ...]]) -> str:
+    if isinstance(outcome, str):
+        return outcome
+    return f"{len(outcome)} events, not the {len(want)} of the untampered store"
+
+
+def _prepare(base: Base, copies: Copies) -> None:
+    for url in _copy(copies):
+        outcome = _run(url, lambda s: s.publish())
+        assert isinstance(outcome, list) and outcome, outcome
+        base.published = outcome
+    for url in _copy(copies):
+        outcome = _run(url, lambda s: s.apply(base.next_manifest))
+        assert isinstance(outcome, list) and outcome, outcome
+        base.applied = outcome
+
+
+@pytest.fixture(scope="module")
+def sqlite_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Base, Copies]]:
+    tmp = tmp_path_factory.mktemp("r28-sqlite")
+    url = f"sqlite:///{tmp / 'base.db'}"
+    base = _build(tmp, url)
+    base.world.close()
+    copies = Copies(url, tmp, None)
+    _prepare(base, copies)
+    yield base, copies
+
+
+@pytest.fixture(scope="module")
+def mariadb_base(
+    tmp_path_factory: pytest.TempPathFactory, mysql_server: Server
+) -> Iterator[tuple[Base, Copies]]:
+    tmp = tmp_path_factory.mktemp("r28-mariadb")
+    with mysql_server.scratch() as url:
+        base = _build(tmp, url)
+        base.world.close()
+        copies = Copies(url, tmp, mysql_server)
+        _prepare(base, copies)
+        yield base, copies
+
+
+def _sample(all_edits: list[Edit]) -> list[Edit]:
+    """One cell edit, the delete and the insert of each table, and the state edits."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for e in all_edits:
+        verb = e.what.split()[0]
+        if (e.table, verb) not in seen or e.state:
+            seen.add((e.table, verb))
+            out.append(e)
+    return out
+
+
+def test_r28_no_edited_view_row_reaches_a_runtime_or_the_log_sqlite(
+    sqlite_base: tuple[Base, Copies],
+) -> None:
+    base, copies = sqlite_base
+    chosen = edits(copies.base, sqlite=True)
+    assert len(chosen) > 100
+    assert sweep(base, copies, chosen) == []
+
+
+def test_r28_no_edited_view_row_reaches_a_runtime_or_the_log_mariadb(
+    mariadb_base: tuple[Base, Copies],
+) -> None:
+    base, copies = mariadb_base
+    assert sweep(base, copies, _sample(edits(copies.base, sqlite=False))) == []
+
+
+@pytest.mark.campaign
+def test_r28_every_edit_on_mariadb(mariadb_base: tuple[Base, Copies]) -> None:
+    base, copies = mariadb_base
+    assert sweep(base, copies, edits(copies.base, sqlite=False)) == []
+
+
+@pytest.mark.parametrize("check", checks.ALL)
+def test_r28_the_sweep_fails_with_any_one_check_off(
+    sqlite_base: tuple[Base, Copies], check: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, copies = sqlite_base
+    monkeypatch.setattr(checks, "DISABLED", {check})
+    try:
+        assert sweep(base, copies, edits(copies.base, sqlite=True), first=True) != []
+    finally:
+        _verified.cache_clear()
+
+
+def test_r28_an_untampered_copy_passes_the_sweep_checks(sqlite_base: tuple[Base, Copies]) -> None:
+    """The baseline itself: what each command appends is real work, and views are served."""
+    base, _ = sqlite_base
+    assert all(isinstance(base.views[a], bytes) for a in ("app:one", "app:two"))
+    assert base.views["app:never"] is Missing
+    assert len(base.published) >= 3 and len(base.applied) > len(base.published)
