@@ -52,8 +52,8 @@ def _export(url: str, out: Path) -> bytes:
     return out.read_bytes()
 
 
-def _import(url: str, path: Path) -> tuple[int, Any]:
-    return cli_json("--db", url, "import", "--jsonl", str(path), "--workers", "1")
+def _import(url: str, path: Path, *flags: str) -> tuple[int, Any]:
+    return cli_json("--db", url, "import", "--jsonl", str(path), "--workers", "1", *flags)
 
 
 def _fingerprint(url: str, audiences: list[str]) -> dict[str, Any]:
@@ -158,7 +158,7 @@ def test_r23_the_golden_v0_export_imports_to_the_root_and_views_0_1_served(
     export = tmp_path / "export-v0.jsonl"
     shutil.copy(GOLDEN / "export-v0.jsonl", export)  # never touch the fixture
     _init(engine_url)
-    code, imported = _import(engine_url, export)
+    code, imported = _import(engine_url, export, "--legacy-no-trailer")  # 0.1 wrote none
     assert code == 0, imported
     want = EXPECTED["audit_verify"]
     assert (imported["imported"], imported["root"], imported["chain"]) == (
@@ -205,7 +205,9 @@ def test_r23_the_golden_v0_export_imports_to_the_root_and_views_0_1_served(
     after = {v["name"]: v["digest"] for v in failed["details"]["views"]}
     assert {n for n in digests if digests[n] != after[n]} == {"installed_pack"}
     # Re-exported by this release: every stored field is what 0.1 exported.
-    mine = [json.loads(x) for x in _export(engine_url, tmp_path / "again.jsonl").splitlines()]
+    *mine, _trailer = [
+        json.loads(x) for x in _export(engine_url, tmp_path / "again.jsonl").splitlines()
+    ]
     theirs = [json.loads(x) for x in export.read_bytes().splitlines()]
     fields = ("position", "aggregate_id", "version", "topic", "event_id", "chain", "state")
     assert [{k: m[k] for k in fields} for m in mine] == [{k: t[k] for k in fields} for t in theirs]
@@ -220,7 +222,7 @@ def golden_lines(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
     folder = tmp_path_factory.mktemp("golden-export")
     url = f"sqlite:///{folder / 'store.db'}"
     _init(url)
-    code, out = _import(url, GOLDEN / "export-v0.jsonl")
+    code, out = _import(url, GOLDEN / "export-v0.jsonl", "--legacy-no-trailer")
     assert code == 0, out
     return _export(url, folder / "export.jsonl").splitlines(keepends=True)
 

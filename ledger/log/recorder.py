@@ -561,6 +561,42 @@ class LedgerRecorder(ApplicationRecorder):
         finally:
             cursor.close()
 
+    def scan_stored(
+        self, conn: Connection, *, after: int = 0, page: int = 20_000
+    ) -> Iterator[tuple[object, ...]]:
+        """Every stored row after ``after`` in position order, each value as the driver
+        returns it, unconverted: (position, aggregate id, version, topic, state, event_id,
+        chain). For ``export``, which writes a damaged row verbatim (a TEXT state, a NULL)
+        instead of stopping at it; every other reader uses ``scan_full``."""
+        ev = schema.events.name
+        sql = (
+            f"SELECT position, aggregate_id, version, topic, state, event_id, chain FROM {ev} "
+            f"WHERE position > {self._p} ORDER BY position LIMIT {int(page)}"
+        )
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            position = after
+            while True:
+                cursor.execute(sql, (position,))
+                rows = cursor.fetchall()
+                for row in rows:
+                    yield tuple(row)
+                if len(rows) < page:
+                    return
+                position = int(rows[-1][0])  # the primary key: an integer on both engines
+        finally:
+            cursor.close()
+
+    def stored_head(self, conn: Connection) -> tuple[object, object] | None:
+        """The head row's (position, chain) as the driver returns them (see ``scan_stored``)."""
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(f"SELECT position, chain FROM {schema.head.name} WHERE id = 1")
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+        return None if row is None else (row[0], row[1])
+
     def event_ids(self, conn: Connection, *, after: int, upto: int) -> list[bytes]:
         """Stored ``event_id``s of positions ``after+1 .. upto`` (Merkle leaf data)."""
         ev = schema.events.name
