@@ -29,9 +29,9 @@ from domain.errors import IntegrityFailure, InvalidInput
 from ledger.api import open_store
 from ledger.log.db import open_database
 from ledger.store.restore import import_jsonl, read_lines
+from tests import reference_verifier as ref
 from tests.cli_inprocess import cli, cli_json
 from tests.cli_support import SCRIPT
-from tests import reference_verifier as ref
 from tests.history import bulk_history
 from tests.lifecycle_support import World
 from tests.test_r23_log_format import realistic
@@ -658,7 +658,9 @@ def test_r23_the_trailer_states_the_checkpoint_root_and_head_of_the_exported_sto
     assert _import(url, path)[0] == 0
     trailer = _trailer(small_lines)
     code, checkpoint = cli_json("--db", url, "audit", "checkpoint")
+    assert code == 0, checkpoint
     code, log = cli_json("--db", url, "log", "--from", "1", "--limit", "1")
+    assert code == 0, log
     assert (trailer["count"], trailer["root"]) == (checkpoint["size"], checkpoint["root"])
     assert (trailer["head_position"], trailer["head_chain"]) == (
         log["head"]["position"],
