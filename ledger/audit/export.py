@@ -120,6 +120,8 @@ def _line(row: tuple[object, ...]) -> tuple[dict[str, Any], dict[str, str]]:
             if type(version) is int
             else f"is stored as {_sql(version)}, not an integer"
         )
+        if isinstance(version, str):
+            damage["version"] += f" (stored hex {_exact(version).hex()})"
     line: dict[str, Any] = {
         "position": int(position),  # type: ignore[call-overload]  # the integer primary key
         "aggregate_id": _sized(agg, 16, "aggregate_id", damage, uuid=True),
@@ -136,8 +138,8 @@ def _line(row: tuple[object, ...]) -> tuple[dict[str, Any], dict[str, str]]:
     }
     data = _bytes(state)
     if data is None and isinstance(state, str):
-        data = state.encode("utf-8", "surrogatepass")
-        damage["state"] = "is stored as TEXT, not bytes (state_b64 holds its UTF-8)"
+        data = _exact(state)
+        damage["state"] = "is stored as TEXT, not bytes (state_b64 holds its bytes)"
     if data is None:
         line["state"] = _verbatim(state)
         damage["state"] = _not_bytes(state)
@@ -168,7 +170,7 @@ def _head(head: tuple[object, object] | None) -> tuple[int | None, bytes | None,
     chain_bytes = _bytes(chain)
     if chain_bytes is None or len(chain_bytes) != 32:
         problems.append(
-            f"chain is stored as {_sql(chain)}, not bytes"
+            f"chain {_not_bytes(chain)}"
             if chain_bytes is None
             else f"chain is {len(chain_bytes)} bytes, not 32"
         )
@@ -193,13 +195,25 @@ def _sql(value: object) -> str:
 
 
 def _not_bytes(value: object) -> str:
+    if isinstance(value, str):
+        return f"is stored as TEXT, not bytes (stored hex {_exact(value).hex()})"
     return f"is stored as {_sql(value)}, not bytes"
 
 
+def _exact(text: str) -> bytes:
+    """The stored bytes of a TEXT value (the raw scans keep invalid UTF-8 as surrogates)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
 def _verbatim(value: object) -> object:
-    """A stored value as JSON, unchanged: text, numbers and NULL as themselves, bytes as hex."""
+    """A stored value as JSON, unchanged: text, numbers and NULL as themselves, bytes as hex.
+    Text that is not UTF-8 shows U+FFFD; the damage message then gives its hex."""
     data = _bytes(value)
-    return data.hex() if data is not None else value
+    if data is not None:
+        return data.hex()
+    if isinstance(value, str):
+        return _exact(value).decode("utf-8", "replace")
+    return value
 
 
 def _sized(
