@@ -95,7 +95,60 @@ def export_jsonl(ledger: Ledger, out: TextIO) -> int:
 
 
 def _line(row: tuple[object, ...]) -> tuple[dict[str, Any], dict[str, str]]:
-    """One row as an export line, and what is damaged in it (column -> problem)."""
+    """One row as an export line, and what is damaged in it (column -> problem).
+
+    A row whose values are all of their column's type takes the short path (the
+    export of a store in order costs what it did before the damage checks); anything
+    else, or a known type whose state is not a JSON object, is looked at column by
+    column in ``_damaged_line``."""
+    position, agg, version, topic, state, event_id, chain = row
+    if not (
+        type(agg) is bytes
+        and len(agg) == 16
+        and type(version) is int
+        and version >= 1
+        and type(topic) is bytes
+        and type(state) is bytes
+        and type(event_id) is bytes
+        and len(event_id) == 32
+        and type(chain) is bytes
+        and len(chain) == 32
+    ):
+        return _damaged_line(row)
+    try:
+        topic_text = topic.decode("utf-8")
+        stored = EVENT_TYPES.resolve(topic)
+        kind: tuple[Any, Any, Any] = (stored.format, stored.type.name, stored.version)
+    except UnicodeDecodeError:
+        return _damaged_line(row)
+    except UnknownEventType:
+        kind = (None, None, None)
+    line: dict[str, Any] = {
+        "position": position,
+        "aggregate_id": str(UUID(bytes=agg)),
+        "version": version,
+        "topic": topic_text,
+        "format": kind[0],
+        "type": kind[1],
+        "type_version": kind[2],
+        "event_id": event_id.hex(),
+        "chain": chain.hex(),
+        "state_b64": base64.b64encode(state).decode("ascii"),
+        "state_hex": None,
+        "state": None,
+    }
+    try:
+        line["state"] = orjson.loads(state)
+    except orjson.JSONDecodeError:
+        line["state_hex"] = state.hex()
+    if kind[0] is not None and not isinstance(line["state"], dict):
+        return _damaged_line(row)
+    return line, {}
+
+
+def _damaged_line(row: tuple[object, ...]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``_line`` for a row with something wrong in it: every column checked and written
+    as stored."""
     position, agg, version, topic, state, event_id, chain = row
     damage: dict[str, str] = {}
     topic_bytes = _bytes(topic)
