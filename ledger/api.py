@@ -505,7 +505,9 @@ class Store:
         return {"pack": pack, "events": history(self.audit_ledger, pack)}
 
     def export(self, out: TextIO) -> int:
-        """Write every event as JSON lines (schema/LOG-FORMAT.md); returns the count."""
+        """Write every event as JSON lines, then the trailer (schema/LOG-FORMAT.md); returns
+        the count. A damaged store is written in full, then ``DamagedExport`` (INTEGRITY)
+        names its first damaged position."""
         return export_jsonl(self.audit_ledger, out)
 
     def import_jsonl(

@@ -112,6 +112,12 @@ SQLITE_CASES: dict[str, Case] = {
         "is not UTF-8 (shown with U+FFFD; stored hex 67656effff)",
         lambda got, was: got["topic"] == "gen\ufffd\ufffd" and got["type"] is None,
     ),
+    "version_zero": (
+        "UPDATE ledger_events SET version = 0 WHERE position = 3",
+        "version",
+        "is 0, not a version (>= 1)",
+        lambda got, was: got["version"] == 0,
+    ),
     "null_state": (
         "UPDATE ledger_events SET state = NULL WHERE position = 3",
         "state",
@@ -136,6 +142,7 @@ MARIADB_CASES: dict[str, Case] = {
         "UPDATE ledger_events SET chain = 0x01 WHERE position = 3",
         *SQLITE_CASES["short_chain"][1:],
     ),
+    "version_zero": SQLITE_CASES["version_zero"],
     "short_aggregate_id": (
         "UPDATE ledger_events SET aggregate_id = 0x0102 WHERE position = 3",
         "aggregate_id",
@@ -248,7 +255,10 @@ def test_r22_export_of_a_damaged_mariadb_store_writes_every_row_verbatim_and_exi
     try:
         with db.read() as conn:
             stored = conn.execute(
-                sa.text("SELECT aggregate_id, state, chain FROM ledger_events WHERE position = 3")
+                sa.text(
+                    "SELECT aggregate_id, version, state, chain FROM ledger_events "
+                    "WHERE position = 3"
+                )
             ).one()
         for name, case in sorted(MARIADB_CASES.items()):
             with db.write() as conn:
@@ -257,10 +267,10 @@ def test_r22_export_of_a_damaged_mariadb_store_writes_every_row_verbatim_and_exi
             with db.write() as conn:
                 conn.execute(
                     sa.text(
-                        "UPDATE ledger_events SET aggregate_id = :a, state = :s, chain = :c "
-                        "WHERE position = 3"
+                        "UPDATE ledger_events SET aggregate_id = :a, version = :v, state = :s, "
+                        "chain = :c WHERE position = 3"
                     ),
-                    {"a": stored[0], "s": stored[1], "c": stored[2]},
+                    {"a": stored[0], "v": stored[1], "s": stored[2], "c": stored[3]},
                 )
     finally:
         db.close()

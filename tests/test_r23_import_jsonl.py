@@ -450,7 +450,10 @@ def small_lines(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
     return _export(url, folder / "export.jsonl").splitlines(keepends=True)
 
 
-def _snapshot(url: str) -> tuple[dict[str, list[str]], bytes | None]:
+Snapshot = tuple[dict[str, list[str]], bytes | None]
+
+
+def _snapshot(url: str) -> Snapshot:
     """Every row of every table (the Merkle cache too) and, on SQLite, the file's bytes."""
     db = open_database(url, create=False)
     try:
@@ -468,9 +471,9 @@ def _snapshot(url: str) -> tuple[dict[str, list[str]], bytes | None]:
     return tables, path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
 
 
-def _refused(url: str, path: Path, *flags: str) -> dict[str, Any]:
-    """Import ``path``: INTEGRITY (exit 6), and the target exactly as it was."""
-    before = _snapshot(url)
+def _refused(url: str, path: Path, *flags: str, before: Snapshot | None = None) -> dict[str, Any]:
+    """Import ``path``: INTEGRITY (exit 6), and the target exactly as it was (``before``)."""
+    before = before or _snapshot(url)
     code, out = _import(url, path, *flags)
     assert (code, out["error"]) == (6, "INTEGRITY"), out
     assert _snapshot(url) == before, out["message"]
@@ -492,17 +495,36 @@ def test_r23_an_export_cut_at_every_line_boundary_is_refused_and_nothing_is_writ
     events = len(small_lines) - 1
     assert 8 <= events <= 40 and _trailer(small_lines)["count"] == events
     _init(engine_url)
+    before = _snapshot(engine_url)
     path = tmp_path / "cut.jsonl"
-    for kept in range(1, events + 1):  # cut after line `kept` (0 lines: the empty file)
-        path.write_bytes(b"".join(small_lines[:kept]))
-        out = _refused(engine_url, path)
-        assert out["details"] == {"line": kept + 1, "field": "trailer", "check": "trailer"}, out
-        assert out["message"].startswith(
-            f"line {kept + 1}: no trailer: the file ends after line {kept} (position {kept})"
-        ), out
-        assert "--legacy-no-trailer" in out["message"]
-        with pytest.raises(ref.Mismatch, match="no trailer"):  # the outside verifier agrees
-            ref.verify_export([x.decode() for x in small_lines[:kept]])
+    path.write_bytes(b"".join(small_lines[:events]))  # the trailer lost: through the CLI
+    out = _refused(engine_url, path, before=before)
+    assert out["details"] == {"line": events + 1, "field": "trailer", "check": "trailer"}, out
+    assert "--legacy-no-trailer" in out["message"]
+    with open_store(engine_url) as store:  # every other cut (the empty file: its own test)
+        for kept in range(1, events + 1):
+            path.write_bytes(b"".join(small_lines[:kept]))
+            with pytest.raises(IntegrityFailure) as caught:
+                store.import_jsonl(path, workers=1)
+            assert caught.value.details == {
+                "line": kept + 1,
+                "field": "trailer",
+                "check": "trailer",
+            }
+            assert caught.value.message.startswith(
+                f"line {kept + 1}: no trailer: the file ends after line {kept} (position {kept})"
+            ), caught.value.message
+            assert _snapshot(engine_url) == before, kept
+            with pytest.raises(ref.Mismatch, match="no trailer"):  # the outside verifier agrees
+                ref.verify_export([x.decode() for x in small_lines[:kept]])
+    path.write_bytes(b"".join(small_lines)[:-10])  # cut inside the trailer: not JSON
+    code, out = _import(engine_url, path)
+    assert (code, out["error"], out["details"]) == (
+        3,
+        "INVALID",
+        {"field": "line", "line": events + 1},
+    ), out
+    assert _snapshot(engine_url) == before
     path.write_bytes(b"".join(small_lines))  # the whole file imports
     code, out = _import(engine_url, path)
     assert (code, out["imported"], out["head_position"]) == (0, events, events), out
@@ -584,17 +606,25 @@ def test_r23_a_trailer_that_differs_from_the_lines_or_is_misplaced_is_refused_na
     would otherwise find a store that is not empty)."""
     trailer_line = len(small_lines)
     _init(engine_url)
+    before = _snapshot(engine_url)
     for kind, (tamper, offset, details, says) in sorted(TRAILER_REFUSALS.items()):
         lines = list(small_lines)
         tamper(lines, trailer_line)
         path = tmp_path / f"{kind}.jsonl"
         path.write_bytes(b"".join(lines))
-        out = _refused(engine_url, path)
+        out = _refused(engine_url, path, before=before)
         want = {k: trailer_line + v if k == "trailer_line" else v for k, v in details.items()}
         assert out["details"]["line"] == trailer_line + offset, (kind, out)
         assert {k: out["details"][k] for k in want} == want, (kind, out)
         assert out["details"]["check"] == "trailer", (kind, out)
         assert says in out["message"] and "nothing was imported" in out["message"], (kind, out)
+    # --legacy-no-trailer only accepts a missing trailer: one that is there is still checked.
+    lines = list(small_lines)
+    _set("root", OTHER_ROOT)(lines, trailer_line)
+    path = tmp_path / "legacy-flag.jsonl"
+    path.write_bytes(b"".join(lines))
+    out = _refused(engine_url, path, "--legacy-no-trailer")
+    assert out["details"] == {"line": trailer_line, "field": "trailer.root", "check": "trailer"}
 
 
 @pytest.mark.parametrize(
