@@ -62,6 +62,8 @@ def _raw_rows(export: Path) -> Iterator[tuple[Any, ...]]:
     with export.open("rb") as handle:
         for line in handle:
             doc = orjson.loads(line)
+            if "trailer" in doc:  # the last line (LOG-FORMAT.md "Trailer"), not an event
+                continue
             yield (
                 doc["position"],
                 bytes.fromhex(doc["aggregate_id"].replace("-", "")),

@@ -506,7 +506,9 @@ class Store:
         return {"pack": pack, "events": history(self.audit_ledger, pack)}
 
     def export(self, out: TextIO) -> int:
-        """Write every event as JSON lines (schema/LOG-FORMAT.md); returns the count."""
+        """Write every event as JSON lines, then the trailer (schema/LOG-FORMAT.md); returns
+        the count. A damaged store is written in full, then ``DamagedExport`` (INTEGRITY)
+        names its first damaged position."""
         return export_jsonl(self.audit_ledger, out)
 
     def import_jsonl(
@@ -516,6 +518,7 @@ class Store:
         progress: Progress | None = None,
         rebuild_progress: Progress | None = None,
         workers: int | None = None,
+        legacy_no_trailer: bool = False,
     ) -> ImportResult:
         """Load an ``export --jsonl`` (a path or an open file) into this empty store.
 
@@ -525,7 +528,10 @@ class Store:
         stored bytes are kept exactly; then every view is rebuilt from the
         imported log (a rebuild that fails leaves the log imported: run
         ``projections rebuild``). The store must be initialized (``init``) and
-        empty. ``progress(done, total)`` counts the file's bytes.
+        empty. ``progress(done, total)`` counts the file's bytes. The file must end with
+        the trailer ``export`` writes (an empty file or one without it is refused: it may
+        have been cut short); ``legacy_no_trailer`` accepts an export written before the
+        trailer existed (0.1, 0.2), whose truncation at a line boundary goes undetected.
         """
         ledger = self.ledger  # an uninitialized or drifted store fails before any read
         if isinstance(source, Path | str):
@@ -536,10 +542,22 @@ class Store:
                 raise InvalidInput(f"cannot read {path}: {exc.strerror}", field="file") from None
             with handle:
                 lines = read_lines(handle, name=str(path))
-                restored = restore_jsonl(ledger, lines, total=_size_of(handle), progress=progress)
+                restored = restore_jsonl(
+                    ledger,
+                    lines,
+                    total=_size_of(handle),
+                    progress=progress,
+                    legacy_no_trailer=legacy_no_trailer,
+                )
         else:
             lines = read_lines(source, name=str(getattr(source, "name", "the input")))
-            restored = restore_jsonl(ledger, lines, total=_size_of(source), progress=progress)
+            restored = restore_jsonl(
+                ledger,
+                lines,
+                total=_size_of(source),
+                progress=progress,
+                legacy_no_trailer=legacy_no_trailer,
+            )
         try:
             rebuilt = self.rebuild(progress=rebuild_progress, workers=workers)
         except LedgerError as exc:

@@ -191,12 +191,56 @@ class Verified:
         return checkpoint_text(origin, self.size, self.root)
 
 
-def verify_export(lines: Iterable[str]) -> Verified:
-    """Recompute every event id, chain link and the Merkle root of an ``export --jsonl``."""
+def check_export_vectors(doc: dict[str, Any], events: dict[str, Any]) -> None:
+    """Recompute the trailer of every prefix in export.json from the events of events.json."""
+    chain, leaves = bytes(32), []
+    chains = [chain]
+    for e in events["events"]:
+        eid = bytes.fromhex(e["event_id"])
+        chain = chain_link(chain, eid)
+        chains.append(chain)
+        leaves.append(leaf(eid))
+    for case in doc["trailers"]:
+        size = case["size"]
+        want = {
+            "trailer": 1,
+            "count": size,
+            "head_position": size,
+            "head_chain": chains[size].hex(),
+            "root": base64.b64encode(mth(leaves[:size])).decode(),
+            "damaged": 0,
+        }
+        _expect(f"trailer of {size}", json.loads(case["line"]), want)
+
+
+def check_trailer(record: dict[str, Any], verified: Verified) -> None:
+    """LOG-FORMAT.md "Trailer": what the last line says about the lines before it."""
+    _expect("trailer version", record.get("trailer"), 1)
+    _expect("trailer fields", sorted(record), sorted(TRAILER_FIELDS))
+    _expect("trailer damaged", record["damaged"], 0)
+    _expect("trailer count", record["count"], verified.size)
+    _expect("trailer head_position", record["head_position"], verified.size)
+    _expect("trailer head_chain", record["head_chain"], verified.chain.hex())
+    _expect("trailer root", record["root"], base64.b64encode(verified.root).decode())
+
+
+TRAILER_FIELDS = ("trailer", "count", "head_position", "head_chain", "root", "damaged")
+
+
+def verify_export(lines: Iterable[str], *, legacy_no_trailer: bool = False) -> Verified:
+    """Recompute every event id, chain link and the Merkle root of an ``export --jsonl``,
+    and check its trailer, the last line (required unless ``legacy_no_trailer``)."""
     chain = bytes(32)
     leaves: list[bytes] = []
+    trailer: dict[str, Any] | None = None
+    number = 0
     for number, text in enumerate(lines, start=1):
         record = json.loads(text)
+        if trailer is not None:
+            raise Mismatch(f"line {number} follows the trailer")
+        if "trailer" in record:
+            trailer = record
+            continue
         _expect("position", record["position"], number)
         agg = uuid.UUID(record["aggregate_id"]).bytes
         state = base64.b64decode(record["state_b64"], validate=True)
@@ -205,4 +249,11 @@ def verify_export(lines: Iterable[str]) -> Verified:
         chain = chain_link(chain, eid)
         _expect(f"{number}: chain", chain.hex(), record["chain"])
         leaves.append(leaf(eid))
-    return Verified(len(leaves), mth(leaves), chain)
+    verified = Verified(len(leaves), mth(leaves), chain)
+    if number == 0:
+        raise Mismatch("an empty file is not an export")
+    if trailer is not None:
+        check_trailer(trailer, verified)
+    elif not legacy_no_trailer:
+        raise Mismatch(f"no trailer after line {number}: the export is cut short")
+    return verified

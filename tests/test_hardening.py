@@ -385,7 +385,14 @@ def test_r22_a_log_value_stored_as_text_is_integrity_naming_the_position(
     code, error = cli_json("--db", world.url, *(a.format(tmp=tmp_path) for a in args))
     assert (code, error["error"]) == (6, "INTEGRITY"), error
     assert error["details"].get("position") == 3 or "position 3" in error["message"], error
-    assert not (tmp_path / "events.jsonl").exists()
+    if args[0] == "export":  # 24.3: every row is written as stored, for forensics
+        lines = (tmp_path / "events.jsonl").read_text(encoding="utf-8").splitlines()
+        assert json.loads(lines[2])["damage"] == {
+            "state": "is stored as TEXT, not bytes (state_b64 holds its bytes)"
+        }
+        assert len(lines) == world.head() + 1  # and the trailer
+    else:
+        assert not (tmp_path / "events.jsonl").exists()
 
 
 @pytest.mark.parametrize("engine_url", ["sqlite"], indirect=True)

@@ -1366,7 +1366,7 @@ GRAMMAR: tuple[Command, ...] = (
     (("credentials", "revoke"), ("text",), {}),
     (("credentials", "list"), (), {"--audience": "audience"}),
     (("export",), (), {"--jsonl": "flag", "--out": "out"}),
-    (("import",), (), {"--jsonl": "path", "--workers": "number"}),
+    (("import",), (), {"--jsonl": "path", "--workers": "number", "--legacy-no-trailer": "flag"}),
     (("pack", "hash"), ("path", "text"), {}),
     (("audit", "checkpoint"), (), {"--sign": "path"}),
     (

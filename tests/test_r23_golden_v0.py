@@ -233,3 +233,34 @@ def test_r23_new_events_append_onto_a_golden_v0_store(migrated: str, tmp_path: P
     code, view = cli_json("--db", migrated, "view", "integration:billing-reader")
     assert code == 0 and view["revision"] == 3
     assert view["audience_digest"] == billing["live"]["out"]["audience_digest"]
+
+
+def test_r23_the_golden_0_1_export_has_no_trailer_and_imports_only_with_legacy_no_trailer(
+    engine_url: str, tmp_path: Path
+) -> None:
+    """0.1 (and 0.2) wrote no trailer: without the flag the file is refused as possibly cut
+    short, naming the flag; with it, it imports as before, to the root 0.1 audited."""
+    export = tmp_path / "export-v0.jsonl"
+    shutil.copy(GOLDEN / "export-v0.jsonl", export)  # never touch the fixture
+    size = EXPECTED["audit_verify"]["size"]
+    assert cli_json("--db", engine_url, "init")[0] == 0
+    args = ("--db", engine_url, "import", "--jsonl", str(export), "--workers", "1")
+    code, refused = cli_json(*args)
+    assert (code, refused["error"], refused["details"]) == (
+        6,
+        "INTEGRITY",
+        {"line": size + 1, "field": "trailer", "check": "trailer"},
+    ), refused
+    assert "import it with --legacy-no-trailer" in refused["message"]
+    assert cli_json("--db", engine_url, "log", "--from", "1", "--limit", "1")[1]["head"] == {
+        "position": 0,
+        "chain": "00" * 32,
+    }
+    code, imported = cli_json(*args, "--legacy-no-trailer")
+    assert code == 0, imported
+    want = EXPECTED["audit_verify"]
+    assert (imported["imported"], imported["root"], imported["chain"]) == (
+        size,
+        want["root"],
+        want["chain"],
+    )

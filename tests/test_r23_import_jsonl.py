@@ -29,6 +29,7 @@ from domain.errors import IntegrityFailure, InvalidInput
 from ledger.api import open_store
 from ledger.log.db import open_database
 from ledger.store.restore import import_jsonl, read_lines
+from tests import reference_verifier as ref
 from tests.cli_inprocess import cli, cli_json
 from tests.cli_support import SCRIPT
 from tests.history import bulk_history
@@ -52,8 +53,8 @@ def _export(url: str, out: Path) -> bytes:
     return out.read_bytes()
 
 
-def _import(url: str, path: Path) -> tuple[int, Any]:
-    return cli_json("--db", url, "import", "--jsonl", str(path), "--workers", "1")
+def _import(url: str, path: Path, *flags: str) -> tuple[int, Any]:
+    return cli_json("--db", url, "import", "--jsonl", str(path), "--workers", "1", *flags)
 
 
 def _fingerprint(url: str, audiences: list[str]) -> dict[str, Any]:
@@ -158,7 +159,7 @@ def test_r23_the_golden_v0_export_imports_to_the_root_and_views_0_1_served(
     export = tmp_path / "export-v0.jsonl"
     shutil.copy(GOLDEN / "export-v0.jsonl", export)  # never touch the fixture
     _init(engine_url)
-    code, imported = _import(engine_url, export)
+    code, imported = _import(engine_url, export, "--legacy-no-trailer")  # 0.1 wrote none
     assert code == 0, imported
     want = EXPECTED["audit_verify"]
     assert (imported["imported"], imported["root"], imported["chain"]) == (
@@ -205,7 +206,9 @@ def test_r23_the_golden_v0_export_imports_to_the_root_and_views_0_1_served(
     after = {v["name"]: v["digest"] for v in failed["details"]["views"]}
     assert {n for n in digests if digests[n] != after[n]} == {"installed_pack"}
     # Re-exported by this release: every stored field is what 0.1 exported.
-    mine = [json.loads(x) for x in _export(engine_url, tmp_path / "again.jsonl").splitlines()]
+    *mine, _trailer = [
+        json.loads(x) for x in _export(engine_url, tmp_path / "again.jsonl").splitlines()
+    ]
     theirs = [json.loads(x) for x in export.read_bytes().splitlines()]
     fields = ("position", "aggregate_id", "version", "topic", "event_id", "chain", "state")
     assert [{k: m[k] for k in fields} for m in mine] == [{k: t[k] for k in fields} for t in theirs]
@@ -220,7 +223,7 @@ def golden_lines(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
     folder = tmp_path_factory.mktemp("golden-export")
     url = f"sqlite:///{folder / 'store.db'}"
     _init(url)
-    code, out = _import(url, GOLDEN / "export-v0.jsonl")
+    code, out = _import(url, GOLDEN / "export-v0.jsonl", "--legacy-no-trailer")
     assert code == 0, out
     return _export(url, folder / "export.jsonl").splitlines(keepends=True)
 
@@ -429,3 +432,269 @@ def test_r23_import_refuses_devices_directories_and_endless_lines(tmp_path: Path
     assert caught.value.details == {"field": "line", "line": 1}
     _is_empty(url)
     assert _tables(url) == before
+
+
+# -- the trailer: a backup cannot be cut short silently (issue 25.4) -------------------------
+
+
+@pytest.fixture(scope="module")
+def small_lines(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
+    """A small real export (one pack installed), line by line, its trailer last."""
+    folder = tmp_path_factory.mktemp("small-export")
+    url = f"sqlite:///{folder / 'store.db'}"
+    world = World(folder, url)
+    try:
+        world.apply(world.official("sales", world.commit("sales", 1)))
+    finally:
+        world.close()
+    return _export(url, folder / "export.jsonl").splitlines(keepends=True)
+
+
+Snapshot = tuple[dict[str, list[str]], bytes | None]
+
+
+def _snapshot(url: str) -> Snapshot:
+    """Every row of every table (the Merkle cache too) and, on SQLite, the file's bytes."""
+    db = open_database(url, create=False)
+    try:
+        tables: dict[str, list[str]] = {}
+        with db.read() as conn:
+            for name in sorted(sa.inspect(conn).get_table_names()):
+                rows = conn.execute(sa.text(f"SELECT * FROM {name}")).fetchall()
+                tables[name] = sorted(repr(tuple(r)) for r in rows)
+    finally:
+        db.close()
+    if not url.startswith("sqlite"):
+        return tables, None
+    path = Path(url.removeprefix("sqlite:///"))
+    wal = path.with_name(path.name + "-wal")
+    return tables, path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
+
+
+def _refused(url: str, path: Path, *flags: str, before: Snapshot | None = None) -> dict[str, Any]:
+    """Import ``path``: INTEGRITY (exit 6), and the target exactly as it was (``before``)."""
+    before = before or _snapshot(url)
+    code, out = _import(url, path, *flags)
+    assert (code, out["error"]) == (6, "INTEGRITY"), out
+    assert _snapshot(url) == before, out["message"]
+    return dict(out)
+
+
+def _trailer(lines: list[bytes]) -> dict[str, Any]:
+    doc = _doc(lines, len(lines))
+    assert doc["trailer"] == 1, doc
+    return doc
+
+
+def test_r23_an_export_cut_at_every_line_boundary_is_refused_and_nothing_is_written(
+    engine_url: str, tmp_path: Path, small_lines: list[bytes]
+) -> None:
+    """Every prefix of an export is itself a well-formed log: only the trailer tells a
+    backup cut short from a complete one. Each cut is refused naming the line where the
+    trailer should be; the target stays byte for byte (SQLite) / row for row as it was."""
+    events = len(small_lines) - 1
+    assert 8 <= events <= 40 and _trailer(small_lines)["count"] == events
+    _init(engine_url)
+    before = _snapshot(engine_url)
+    path = tmp_path / "cut.jsonl"
+    path.write_bytes(b"".join(small_lines[:events]))  # the trailer lost: through the CLI
+    out = _refused(engine_url, path, before=before)
+    assert out["details"] == {"line": events + 1, "field": "trailer", "check": "trailer"}, out
+    assert "--legacy-no-trailer" in out["message"]
+    with open_store(engine_url) as store:  # every other cut (the empty file: its own test)
+        for kept in range(1, events + 1):
+            path.write_bytes(b"".join(small_lines[:kept]))
+            with pytest.raises(IntegrityFailure) as caught:
+                store.import_jsonl(path, workers=1)
+            assert caught.value.details == {
+                "line": kept + 1,
+                "field": "trailer",
+                "check": "trailer",
+            }
+            assert caught.value.message.startswith(
+                f"line {kept + 1}: no trailer: the file ends after line {kept} (position {kept})"
+            ), caught.value.message
+            assert _snapshot(engine_url) == before, kept
+            with pytest.raises(ref.Mismatch, match="no trailer"):  # the outside verifier agrees
+                ref.verify_export([x.decode() for x in small_lines[:kept]])
+    path.write_bytes(b"".join(small_lines)[:-10])  # cut inside the trailer: not JSON
+    code, out = _import(engine_url, path)
+    assert (code, out["error"], out["details"]) == (
+        3,
+        "INVALID",
+        {"field": "line", "line": events + 1},
+    ), out
+    assert _snapshot(engine_url) == before
+    path.write_bytes(b"".join(small_lines))  # the whole file imports
+    code, out = _import(engine_url, path)
+    assert (code, out["imported"], out["head_position"]) == (0, events, events), out
+
+
+def test_r23_an_empty_file_is_refused_even_with_the_legacy_flag(
+    engine_url: str, tmp_path: Path
+) -> None:
+    _init(engine_url)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    for flags in ((), ("--legacy-no-trailer",)):
+        out = _refused(engine_url, empty, *flags)
+        assert out["details"] == {"line": 1, "field": "file", "check": "trailer"}, out
+        assert out["message"].startswith("the file is empty: no events and no trailer"), out
+    with open_store(engine_url) as store, pytest.raises(IntegrityFailure) as caught:
+        store.import_jsonl(io.BytesIO(b""), workers=1)  # an empty stream (stdin) too
+    assert caught.value.details == {"line": 1, "field": "file", "check": "trailer"}
+
+
+def _set(key: str, value: object) -> Tamper:
+    def tamper(lines: list[bytes], n: int) -> None:
+        _put(lines, n, {**_doc(lines, n), key: value})
+
+    return tamper
+
+
+def _move_trailer_up(lines: list[bytes], n: int) -> None:
+    lines.insert(n - 2, lines.pop())  # the trailer now precedes the last event line
+
+
+def _second_trailer(lines: list[bytes], n: int) -> None:
+    lines.append(lines[-1])
+
+
+OTHER_ROOT = base64.b64encode(hashlib.sha256(b"another log").digest()).decode()
+#: tamper of the trailer (line n = the trailer's) -> (line named, details, message fragment)
+TRAILER_REFUSALS: dict[str, tuple[Tamper, int, dict[str, Any], str]] = {
+    "wrong_count": (_set("count", 7), 0, {"field": "trailer.count"}, "trailer's count is 7"),
+    "wrong_head_position": (
+        _set("head_position", 99),
+        0,
+        {"field": "trailer.head_position"},
+        "trailer's head_position is 99",
+    ),
+    "wrong_head_chain": (
+        _set("head_chain", "ab" * 32),
+        0,
+        {"field": "trailer.head_chain"},
+        "trailer's head_chain is " + "ab" * 32,
+    ),
+    "wrong_root": (_set("root", OTHER_ROOT), 0, {"field": "trailer.root"}, OTHER_ROOT),
+    "says_damaged": (_set("damaged", 2), 0, {"field": "trailer.damaged"}, "2 row(s)"),
+    "unknown_version": (
+        _set("trailer", 2),
+        0,
+        {"field": "trailer.trailer"},
+        "trailer version 2 is not one this release reads",
+    ),
+    "not_last": (
+        _move_trailer_up,
+        0,
+        {"field": "trailer", "trailer_line": -1},
+        "an event line after the trailer at line",
+    ),
+    "two_trailers": (
+        _second_trailer,
+        1,
+        {"field": "trailer", "trailer_line": 0},
+        "a second trailer after the trailer at line",
+    ),
+}
+
+
+def test_r23_a_trailer_that_differs_from_the_lines_or_is_misplaced_is_refused_naming_it(
+    engine_url: str, tmp_path: Path, small_lines: list[bytes]
+) -> None:
+    """Each refusal names the trailer field and line; nothing is written (the next case
+    would otherwise find a store that is not empty)."""
+    trailer_line = len(small_lines)
+    _init(engine_url)
+    before = _snapshot(engine_url)
+    for kind, (tamper, offset, details, says) in sorted(TRAILER_REFUSALS.items()):
+        lines = list(small_lines)
+        tamper(lines, trailer_line)
+        path = tmp_path / f"{kind}.jsonl"
+        path.write_bytes(b"".join(lines))
+        out = _refused(engine_url, path, before=before)
+        want = {k: trailer_line + v if k == "trailer_line" else v for k, v in details.items()}
+        assert out["details"]["line"] == trailer_line + offset, (kind, out)
+        assert {k: out["details"][k] for k in want} == want, (kind, out)
+        assert out["details"]["check"] == "trailer", (kind, out)
+        assert says in out["message"] and "nothing was imported" in out["message"], (kind, out)
+    # --legacy-no-trailer only accepts a missing trailer: one that is there is still checked.
+    lines = list(small_lines)
+    _set("root", OTHER_ROOT)(lines, trailer_line)
+    path = tmp_path / "legacy-flag.jsonl"
+    path.write_bytes(b"".join(lines))
+    out = _refused(engine_url, path, "--legacy-no-trailer")
+    assert out["details"] == {"line": trailer_line, "field": "trailer.root", "check": "trailer"}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("count", "5", "must be an integer between 0 and 2^63-1, found '5'"),
+        ("count", -1, "must be an integer between 0 and 2^63-1, found -1"),
+        ("head_chain", "AB" * 32, "is not 64 lowercase hex digits (32 bytes)"),
+        ("root", "ab" * 32, "is not canonical padded base64 of 32 bytes (RFC 4648)"),
+        ("root", 5, "must be a string or null, found 5"),
+        ("extra", 1, "is not a trailer field"),
+    ],
+)
+def test_r23_a_malformed_trailer_is_invalid_naming_its_field(
+    sqlite_url: str, tmp_path: Path, small_lines: list[bytes], key: str, value: object, says: str
+) -> None:
+    lines = list(small_lines)
+    _set(key, value)(lines, len(lines))
+    path = tmp_path / "malformed.jsonl"
+    path.write_bytes(b"".join(lines))
+    _init(sqlite_url)
+    before = _snapshot(sqlite_url)
+    code, out = _import(sqlite_url, path)
+    assert (code, out["error"], out["details"]) == (
+        3,
+        "INVALID",
+        {"field": f"trailer.{key}", "line": len(lines)},
+    ), out
+    assert out["message"] == f"line {len(lines)}: trailer field {key} {says}"
+    assert _snapshot(sqlite_url) == before
+
+
+def test_r23_the_export_of_an_empty_store_is_its_trailer_alone_and_imports(
+    engine_url: str, sibling_url: str, tmp_path: Path
+) -> None:
+    _init(engine_url)
+    data = _export(engine_url, tmp_path / "empty-store.jsonl")
+    code, checkpoint = cli_json("--db", engine_url, "audit", "checkpoint")
+    assert code == 0
+    assert json.loads(data) == {
+        "trailer": 1,
+        "count": 0,
+        "head_position": 0,
+        "head_chain": ZERO_CHAIN.hex(),
+        "root": checkpoint["root"],  # the same Merkle root definition: SHA-256("")
+        "damaged": 0,
+    }
+    assert data.count(b"\n") == 1
+    _init(sibling_url)
+    code, out = _import(sibling_url, tmp_path / "empty-store.jsonl")
+    assert (code, out["imported"], out["root"]) == (0, 0, checkpoint["root"]), out
+
+
+def test_r23_the_trailer_states_the_checkpoint_root_and_head_of_the_exported_store(
+    tmp_path: Path, small_lines: list[bytes]
+) -> None:
+    """The trailer's root is the checkpoint's (one Merkle definition), its head the log's."""
+    url = sqlite_of(tmp_path)
+    path = tmp_path / "small.jsonl"
+    path.write_bytes(b"".join(small_lines))
+    assert _import(url, path)[0] == 0
+    trailer = _trailer(small_lines)
+    code, checkpoint = cli_json("--db", url, "audit", "checkpoint")
+    assert code == 0, checkpoint
+    code, log = cli_json("--db", url, "log", "--from", "1", "--limit", "1")
+    assert code == 0, log
+    assert (trailer["count"], trailer["root"]) == (checkpoint["size"], checkpoint["root"])
+    assert (trailer["head_position"], trailer["head_chain"]) == (
+        log["head"]["position"],
+        log["head"]["chain"],
+    )
+    verified = ref.verify_export([x.decode() for x in small_lines])
+    assert base64.b64encode(verified.root).decode() == trailer["root"]

@@ -158,6 +158,7 @@ def test_r23_reference_verifier_agrees_with_every_vector() -> None:
     docs = _vectors()
     ids = ref.check_event_vectors(docs["events.json"])
     ref.check_merkle_vectors(docs["merkle.json"], ids)
+    ref.check_export_vectors(docs["export.json"], docs["events.json"])
 
 
 def test_r23_reference_verifier_imports_only_hashlib_blake3_and_the_stdlib() -> None:
@@ -197,7 +198,8 @@ def test_r23_reference_verifier_agrees_with_an_exported_store(world: World, tmp_
     checkpoint = cli("--db", world.url, "audit", "checkpoint").stdout
     origin = checkpoint.splitlines()[0]
     assert checkpoint == verified.checkpoint(origin)
-    records = [json.loads(line) for line in lines]
+    *records, trailer = [json.loads(line) for line in lines]
+    assert trailer["trailer"] == 1 and trailer["count"] == report["size"]
     assert {r["format"] for r in records} == {1}
     revoked = [r for r in records if r["type"] == "binding.revoked"]
     assert revoked and all(r["type_version"] == 2 for r in revoked)
@@ -229,7 +231,7 @@ def test_r23_reference_verifier_agrees_with_the_golden_v0_export() -> None:
         )
         for p, a, v, t, s, e, c in rows
     ]
-    verified = ref.verify_export(lines)
+    verified = ref.verify_export(lines, legacy_no_trailer=True)  # 0.1 wrote no trailer
     assert (verified.size, base64.b64encode(verified.root).decode(), verified.chain.hex()) == (
         expected["size"],
         expected["root"],

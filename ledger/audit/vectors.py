@@ -23,6 +23,7 @@ from domain import audience_map
 from domain.digests import ZERO_CHAIN, Purpose, aggregate_id, digest, event_id, lp, next_chain, u64
 from ledger.log import merkle
 from ledger.log.checkpoint import Checkpoint
+from ledger.log.trailer import Trailer
 
 ORIGIN = "catalog-ledger/00000000000000000000000000000000"
 _STAMP = "2026-12-01T00:00:00+00:00"
@@ -308,6 +309,25 @@ def audience_map_vectors() -> dict[str, Any]:
     }
 
 
+def export_vectors(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trailer line an export of the first ``size`` events of events.json ends with."""
+    leaves = [merkle.leaf_hash(bytes.fromhex(e["event_id"])) for e in events]
+    cases = []
+    for size in sorted({0, 1, 13, len(events)}):
+        chain = bytes.fromhex(events[size - 1]["chain"]) if size else ZERO_CHAIN
+        trailer = Trailer(
+            count=size, head_position=size, head_chain=chain, root=merkle.root(leaves[:size])
+        )
+        cases.append({"size": size, "line": orjson.dumps(trailer.to_json()).decode()})
+    return {
+        "description": "The trailer: the last line of an export of the first `size` events "
+        "of events.json (schema/LOG-FORMAT.md: 'Trailer'). count and head_position = size, "
+        "head_chain = chain[size] (hex), root = the Merkle root of size (base64), damaged = 0. "
+        "Compare parsed JSON, not bytes: key order is not significant.",
+        "trailers": cases,
+    }
+
+
 def all_vectors() -> dict[str, dict[str, Any]]:
     """File name -> document, for ``schema/vectors/log/``."""
     events = event_vectors()
@@ -316,4 +336,5 @@ def all_vectors() -> dict[str, dict[str, Any]]:
         "events.json": events,
         "merkle.json": merkle_vectors(ids),
         "audience_map.json": audience_map_vectors(),
+        "export.json": export_vectors(events["events"]),
     }

@@ -208,7 +208,11 @@ def history(pack: str | None, audience: str | None, as_json: bool) -> None:
 )
 @json_option
 def export(jsonl: bool, out: Path | None, as_json: bool) -> None:
-    """Export every event with position, ids, chain and exact stored bytes (JSON lines)."""
+    """Export every event with position, ids, chain and exact stored bytes (JSON lines),
+    then a trailer line (count, head, Merkle root) that `import` checks. A damaged row is
+    written as stored, flagged, and the export exits 6 naming it after the whole file."""
+    from ledger.audit.export import DamagedExport
+
     if out is None:
         if as_json:
             raise UsageError("--json prints a summary document: give --out FILE for the events")
@@ -216,14 +220,22 @@ def export(jsonl: bool, out: Path | None, as_json: bool) -> None:
         return
     _ = store().audit_ledger  # a missing store fails before the output file is created
     partial = out.with_name(f".{out.name}.partial")
+    damaged: DamagedExport | None = None
     try:
         with partial.open("w", encoding="utf-8") as handle:
-            count = store().export(handle)
+            try:
+                count = store().export(handle)
+            except DamagedExport as exc:  # the file is complete: keep it, for forensics
+                damaged = exc
         partial.replace(out)  # all or nothing: a failed export leaves no file behind
     except OSError as exc:
         raise InvalidInput(f"cannot write {out}: {exc.strerror}", field="out") from None
     finally:
         partial.unlink(missing_ok=True)
+    if damaged is not None:
+        raise DamagedExport(
+            f"{damaged.message}; written to {out}", **{**damaged.details, "out": str(out)}
+        )
     if as_json:
         emit(True, {"events": count, "out": str(out)}, lambda: None)
     else:

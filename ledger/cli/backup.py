@@ -24,11 +24,20 @@ from ledger.cli.app import cli, emit, json_option, progress_bar, store
     default=None,
     help="Processes rebuilding the views afterwards (default: 1; the chain check has its own).",
 )
+@click.option(
+    "--legacy-no-trailer",
+    "legacy_no_trailer",
+    is_flag=True,
+    help="Accept an export without a trailer line (written by 0.1 or 0.2); "
+    "a cut at a line boundary then goes undetected.",
+)
 @json_option
-def import_(jsonl: str, workers: int | None, as_json: bool) -> None:
+def import_(jsonl: str, workers: int | None, legacy_no_trailer: bool, as_json: bool) -> None:
     """Load an export into this initialized, empty store: every line's position, event id,
-    chain link and type is checked before anything commits (INTEGRITY naming the first bad
-    line, nothing written); the stored bytes are kept exactly; then every view is rebuilt."""
+    chain link and type, and the trailer (count, head, Merkle root), are checked before
+    anything commits (INTEGRITY naming the first bad line, nothing written); a file without
+    its trailer or an empty file is refused; the stored bytes are kept exactly; then every
+    view is rebuilt."""
     target = store()
     _ = target.ledger  # an uninitialized store fails before standard input is read
     with (
@@ -37,7 +46,11 @@ def import_(jsonl: str, workers: int | None, as_json: bool) -> None:
     ):
         source = sys.stdin.buffer if jsonl == "-" else jsonl
         document = target.import_jsonl(
-            source, progress=progress, rebuild_progress=rebuild_progress, workers=workers
+            source,
+            progress=progress,
+            rebuild_progress=rebuild_progress,
+            workers=workers,
+            legacy_no_trailer=legacy_no_trailer,
         )
 
     def human() -> None:

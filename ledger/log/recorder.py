@@ -602,6 +602,36 @@ class LedgerRecorder(ApplicationRecorder):
         finally:
             cursor.close()
 
+    def scan_stored(
+        self, conn: Connection, *, after: int = 0, page: int = 20_000
+    ) -> Iterator[tuple[object, ...]]:
+        """Every stored row after ``after`` in position order, each value as the driver
+        returns it, unconverted: (position, aggregate id, version, topic, state, event_id,
+        chain). For ``export``, which writes a damaged row verbatim (a TEXT state, a NULL)
+        instead of stopping at it; every other reader uses ``scan_full``."""
+        ev = schema.events.name
+        sql = (
+            f"SELECT position, aggregate_id, version, topic, state, event_id, chain FROM {ev} "
+            f"WHERE position > {self._p} ORDER BY position LIMIT {int(page)}"
+        )
+        with _lenient_text(conn) as cursor:
+            position = after
+            while True:
+                cursor.execute(sql, (position,))
+                rows = cursor.fetchall()
+                for row in rows:
+                    yield tuple(row)
+                if len(rows) < page:
+                    return
+                position = int(rows[-1][0])  # the primary key: an integer on both engines
+
+    def stored_head(self, conn: Connection) -> tuple[object, object] | None:
+        """The head row's (position, chain) as the driver returns them (see ``scan_stored``)."""
+        with _lenient_text(conn) as cursor:
+            cursor.execute(f"SELECT position, chain FROM {schema.head.name} WHERE id = 1")
+            row = cursor.fetchone()
+        return None if row is None else (row[0], row[1])
+
     def event_ids(self, conn: Connection, *, after: int, upto: int) -> list[bytes]:
         """Stored ``event_id``s of positions ``after+1 .. upto`` (Merkle leaf data)."""
         ev = schema.events.name
@@ -687,6 +717,31 @@ class LedgerRecorder(ApplicationRecorder):
             position = rows[-1].position
             if len(rows) < batch:
                 return
+
+
+@contextmanager
+def _lenient_text(conn: Connection) -> Iterator[Any]:
+    """A DBAPI cursor that reads any TEXT value, however it was stored.
+
+    SQLite's driver refuses a TEXT value that is not UTF-8 (a hand edit such as
+    ``CAST(event_id AS TEXT)`` makes one); for the raw scans the bytes come back as
+    ``str`` with surrogate escapes, so ``value.encode("utf-8", "surrogateescape")``
+    is exactly what is stored. The connection's own setting is restored after."""
+    raw = conn.connection.dbapi_connection
+    saved = raw.text_factory if isinstance(raw, sqlite3.Connection) else None
+    if isinstance(raw, sqlite3.Connection):
+        raw.text_factory = _surrogate_text
+    cursor = raw.cursor()  # type: ignore[union-attr]
+    try:
+        yield cursor
+    finally:
+        cursor.close()
+        if isinstance(raw, sqlite3.Connection):
+            raw.text_factory = saved
+
+
+def _surrogate_text(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
 
 
 def _binary(value: object) -> bytes:

@@ -54,6 +54,7 @@ from domain.errors import IntegrityFailure, InvalidInput
 from domain.event_types import EVENT_TYPES, StoredType, UnknownEventType
 from ledger.log import merkle
 from ledger.log import tables as schema
+from ledger.log.trailer import Trailer, is_trailer
 from ledger.store.runtime import Ledger
 
 #: Rows per executemany: large enough to amortize round trips, small enough that
@@ -195,8 +196,8 @@ class _Row:
     doc: dict[str, Any]
 
 
-def _parse(raw: bytes | str, line: int) -> _Row:
-    """One line's fields, typed; INVALID naming the line and the field otherwise."""
+def _document(raw: bytes | str, line: int) -> dict[str, Any]:
+    """One line as a JSON object; INVALID naming the line otherwise."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -209,6 +210,11 @@ def _parse(raw: bytes | str, line: int) -> _Row:
             field="line",
             line=line,
         )
+    return doc
+
+
+def _parse(doc: dict[str, Any], line: int) -> _Row:
+    """One event line's fields, typed; INVALID naming the line and the field otherwise."""
     position = _int(doc, "position", line)
     agg_text = _text(doc, "aggregate_id", line)
     digits = agg_text.replace("-", "")
@@ -286,6 +292,7 @@ def import_jsonl(
     total: int | None = None,
     progress: Progress | None = None,
     batch: int = BATCH,
+    legacy_no_trailer: bool = False,
 ) -> Restored:
     """Import every line of an export into this empty store, in one transaction.
 
@@ -293,9 +300,14 @@ def import_jsonl(
     ``total`` its size for ``progress(done, total)``, in the units of ``len(line)``.
     Raises INVALID (``db``) when the store is not empty, INVALID (a line's field)
     or INTEGRITY (a line's position/bytes/type) at the first bad line: then
-    nothing is written.
+    nothing is written. The file must end with its trailer (``ledger.log.trailer``),
+    matching what was loaded: a file without one (cut short, or written before the
+    trailer existed) is INTEGRITY naming ``trailer`` unless ``legacy_no_trailer``
+    accepts its absence; an empty file is always refused.
     """
     db = ledger.db
+    trailer: Trailer | None = None
+    trailer_line = 0
     p = "?" if db.is_sqlite else "%s"
     ev, hd = schema.events.name, schema.head.name
     insert = (
@@ -324,9 +336,16 @@ def import_jsonl(
                 )
             # Derived Merkle subtrees of whatever log was here before: never of this one.
             cursor.execute(f"DELETE FROM {schema.merkle.name}")
+            number = 0
             for number, raw in enumerate(lines, start=1):
                 done += len(raw)
-                row = _parse(raw, number)
+                doc = _document(raw, number)
+                if trailer is not None:
+                    raise _after_trailer(number, trailer_line, is_trailer(doc))
+                if is_trailer(doc):
+                    trailer, trailer_line = Trailer.parse(doc, line=number), number
+                    continue
+                row = _parse(doc, number)
                 position += 1
                 if row.position != position:
                     raise _integrity(
@@ -396,6 +415,20 @@ def import_jsonl(
                         progress(done, max(total or 0, done))
             if pending:
                 cursor.executemany(insert, pending)
+            root = tree.root()
+            if number == 0:
+                raise IntegrityFailure(
+                    "the file is empty: no events and no trailer (every export ends with a "
+                    "trailer line, an empty store's too); nothing was imported",
+                    line=1,
+                    field="file",
+                    check="trailer",
+                )
+            if trailer is None:
+                if not legacy_no_trailer:
+                    raise _missing_trailer(number, position)
+            else:
+                _check_trailer(trailer, trailer_line, position, chain, root)
             if position:
                 cursor.execute(
                     f"UPDATE {hd} SET position = {p}, chain = {p} WHERE id = 1", (position, chain)
@@ -404,7 +437,67 @@ def import_jsonl(
             cursor.close()
     if progress is not None:
         progress(done, max(total or 0, done))
-    return Restored(imported=position, head_position=position, chain=chain, root=tree.root())
+    return Restored(imported=position, head_position=position, chain=chain, root=root)
+
+
+def _after_trailer(line: int, trailer_line: int, second: bool) -> IntegrityFailure:
+    what = "a second trailer" if second else "an event line"
+    return IntegrityFailure(
+        f"line {line}: {what} after the trailer at line {trailer_line} (the trailer is the "
+        "last line of an export: this file was edited or joined); nothing was imported",
+        line=line,
+        field="trailer",
+        check="trailer",
+        trailer_line=trailer_line,
+    )
+
+
+def _missing_trailer(lines: int, position: int) -> IntegrityFailure:
+    return IntegrityFailure(
+        f"line {lines + 1}: no trailer: the file ends after line {lines} (position "
+        f"{position}) without the trailer line every export ends with, so it may have been "
+        "cut short; nothing was imported. An export written before the trailer existed "
+        "(catalog-ledger 0.1 and 0.2) has none: import it with --legacy-no-trailer, which "
+        "accepts a file without a trailer and cannot detect a cut at a line boundary",
+        line=lines + 1,
+        field="trailer",
+        check="trailer",
+    )
+
+
+def _check_trailer(trailer: Trailer, line: int, position: int, chain: bytes, root: bytes) -> None:
+    """The trailer says what was loaded: INTEGRITY naming the first field that differs."""
+    if trailer.damaged:
+        raise IntegrityFailure(
+            f"line {line}: the trailer says {trailer.damaged} row(s) of the exported store "
+            "were damaged (the export exited 6); nothing was imported",
+            line=line,
+            field="trailer.damaged",
+            check="trailer",
+        )
+    loaded: tuple[tuple[str, object, object, str], ...] = (
+        ("count", trailer.count, position, f"{position} event lines precede it"),
+        ("head_position", trailer.head_position, position, f"the last line is at {position}"),
+        ("head_chain", trailer.head_chain, chain, f"the lines chain to {chain.hex()}"),
+        (
+            "root",
+            trailer.root,
+            root,
+            f"their Merkle root is {base64.b64encode(root).decode('ascii')}",
+        ),
+    )
+    for key, stated, actual, says in loaded:
+        if stated != actual:
+            shown = stated.hex() if isinstance(stated, bytes) else stated
+            if key == "root" and isinstance(stated, bytes):
+                shown = base64.b64encode(stated).decode("ascii")
+            raise IntegrityFailure(
+                f"line {line}: the trailer's {key} is {'null' if shown is None else shown} but "
+                f"{says} (lines are missing, added or changed); nothing was imported",
+                line=line,
+                field=f"trailer.{key}",
+                check="trailer",
+            )
 
 
 _u64 = struct.Struct(">Q").pack
