@@ -342,9 +342,11 @@ class CatalogReader:
             if head == header[_HEAD] or attempt == _ATTEMPTS - 1:
                 break  # else something was appended between the two statements: again
         served = self._served_digest(pair, log, revision, content, recorded, grants)
+        # The rows first (an edited pack or install id is INTEGRITY, not another answer),
+        # then whether the log still has each bound generation active (STALE if not).
+        found = _verified(pair, int(revision), bytes(content), served.encode(), grants)
         for pack, install_id in bound:
             _still_active(pack, install_id, log, int(revision))
-        found = _verified(pair, int(revision), bytes(content), served.encode(), grants)
         state = (stopped, *header[4:_GRANTS])
         if self.cache_size > 0:
             if len(self._cache) >= self.cache_size and pair not in self._cache:
