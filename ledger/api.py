@@ -30,6 +30,7 @@ from typing import IO, Any, TextIO, TypedDict, cast, overload
 
 from domain.canonical import parse_json
 from domain.errors import IntegrityFailure, InvalidInput, LedgerError, UsageError
+from domain.event_types import EVENT_TYPES, T_LOCAL_REMOVED, T_REMOVED
 from domain.identity import Audience
 from ledger.audit.export import export_jsonl
 from ledger.audit.history import audience_history, history, view_at
@@ -59,7 +60,7 @@ from ledger.store.rebuild import default_workers, process_builder
 from ledger.store.restore import import_jsonl as restore_jsonl
 from ledger.store.restore import read_lines
 from ledger.store.runtime import Ledger
-from projections.queries import PackStatus, pack_status
+from projections.queries import PackStatus, Removal, pack_status
 from projections.reader import AudienceView, CatalogReader, parse_audience, parse_revision
 from projections.runner import ProjectionsStatus, RebuildOutcome
 
@@ -373,9 +374,13 @@ class Store:
 
     def status(self) -> StatusResult:
         """Per pack: active generation, newest attempt, dirty flag."""
+        recorder = self.ledger.recorder
         with self.ledger.db.read() as conn:
-            packs = pack_status(conn)
-            head = self.ledger.recorder.head_in(conn)
+            removal_topics = EVENT_TYPES.topics_of((T_REMOVED, T_LOCAL_REMOVED))
+            rows = recorder.rows_of_topics(conn, removal_topics)
+            removals = [_removal(p, t, s) for p, t, s in rows]
+            packs = pack_status(conn, removals)
+            head = recorder.head_in(conn)
         return {"head": head.position, "packs": packs}
 
     # -- the writer lease (R27) -----------------------------------------------------------
@@ -701,6 +706,21 @@ class Store:
                 state = self.ledger.runner.catch_up(self.ledger.db, p.name)
                 done[p.name] = {"position": state.position, "stopped": state.stopped}
         return done
+
+
+def _removal(position: int, topic: bytes, state: bytes) -> Removal:
+    """A stored removal event decoded; a state that is not its type's JSON is INTEGRITY."""
+    try:
+        name, data = EVENT_TYPES.decode(topic, state)
+    except ValueError:  # orjson.JSONDecodeError
+        raise IntegrityFailure(
+            "a stored removal event is not JSON", position=position, topic=topic.decode()
+        ) from None
+    if not isinstance(data.get("pack"), str):
+        raise IntegrityFailure(
+            "a stored removal event names no pack", position=position, topic=topic.decode()
+        )
+    return position, name, data
 
 
 def _size_of(handle: IO[bytes] | IO[str]) -> int | None:

@@ -159,14 +159,23 @@ def status(as_json: bool) -> None:
     def human() -> None:
         click.echo(f"log head: {head}; {len(packs)} pack(s)")
         for p in packs:
+            removed = p.get("removed")
             if p["active_install_id"]:
                 line = f"active {p['active_install_id']} @ {p['revision']} epoch {p['epoch']}"
+            elif removed is not None:
+                line = f"removed {removed['source_kind']} {removed['install_id']}"
+                if removed["active_epoch"] is not None:
+                    line += (
+                        f" @ {removed['revision']} (active at epoch {removed['active_epoch']}; "
+                        f"removed at epoch {p['epoch']})"
+                    )
             elif p["status"] is not None:
                 line = f"{p['source_kind']} {p['status']} {p['installed_install_id']}"
             else:
                 line = "never activated"
             newest = p["newest_attempt"]
-            if newest and newest["install_id"] != p["active_install_id"]:
+            shown = p["active_install_id"] or (removed and removed["install_id"])
+            if newest and newest["install_id"] != shown:
                 line += f"; newest attempt {newest['install_id']} {newest['status']}"
             if p["dirty"]:
                 line += "  DIRTY (blocks publication until a later generation activates)"

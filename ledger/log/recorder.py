@@ -310,6 +310,23 @@ class LedgerRecorder(ApplicationRecorder):
             return Head(0, ZERO_CHAIN)
         return Head(int(row[0]), bytes(row[1]))
 
+    def rows_of_topics(
+        self, conn: Connection, topics: Sequence[str]
+    ) -> list[tuple[int, bytes, bytes]]:
+        """(position, topic, state) of every row stored under one of ``topics``, in
+        position order. The topic column has no index: this reads the whole log table's
+        topics (used by ``status`` for removals, which no view keeps, R7)."""
+        if not topics:
+            return []
+        ev = schema.events
+        query = (
+            sa.select(ev.c.position, ev.c.topic, ev.c.state)
+            .where(ev.c.topic.in_([t.encode() for t in topics]))
+            .order_by(ev.c.position)
+        )
+        with stored_types("the log row", lambda: None):
+            return [(int(p), _binary(t), _binary(s)) for p, t, s in conn.execute(query)]
+
     def select_events(
         self,
         originator_id: UUID | str,
