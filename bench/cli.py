@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from bench.common import alternate, summary
@@ -80,8 +81,8 @@ def main() -> None:
                 continue
             measured = alternate(
                 {
-                    name: lambda argv=argv: timer([CLI, *argv], work),
-                    "floor": lambda: timer([sys.executable, "-c", "pass"], work),
+                    name: partial(timer, [CLI, *argv], work),
+                    "floor": partial(timer, [sys.executable, "-c", "pass"], work),
                 },
                 args.repeat,
                 args.warmup,
