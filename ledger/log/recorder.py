@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-import pymysql
 import sqlalchemy as sa
 from eventsourcing.persistence import (
     ApplicationRecorder,
@@ -43,6 +42,7 @@ from domain.log import LoggedEvent
 from ledger.log import tables as schema
 from ledger.log.crashpoints import crashpoint
 from ledger.log.db import Database, translate_errors
+from ledger.log.sqltypes import mysql_errors
 
 Precommit = Callable[[Connection], None]
 InlineHook = Callable[[Connection, Sequence[LoggedEvent]], None]
@@ -194,7 +194,7 @@ class LedgerRecorder(ApplicationRecorder):
             crashpoint("append:rows-inserted")
             while cursor.nextset():  # the UPDATE's result: its errors surface here
                 pass
-        except (sqlite3.IntegrityError, pymysql.err.IntegrityError) as exc:
+        except mysql_errors("IntegrityError", also=(sqlite3.IntegrityError,)) as exc:
             raise Conflict(
                 "an event with the same aggregate id and version already exists",
                 rule="R11",
