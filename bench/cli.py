@@ -8,8 +8,10 @@ the installed console script, as a user runs them:
   status                         - target <= 0.5 s
   view integration:erp-sync      - target <= 0.5 s
 Each command alternates with its floor, the same interpreter running ``-c pass``
-(A B A B, after --warmup rounds); medians, and the ratio command / floor. A command
-that exits non-zero stops the bench.
+(A B A B, after --warmup rounds); medians of wall time, and the ratio command / floor.
+The CPU time (user + system) of the same processes is printed beside them: on a
+shared machine it moves less with the load than wall time does. A command that exits
+non-zero stops the bench.
 
 Usage:
   python -m bench.cli [--repeat 15] [--warmup 2] [--only status,view]
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,12 +57,16 @@ def build_demo(work: Path) -> None:
     )
 
 
-def timer(argv: list[str], cwd: Path) -> float:
-    """Seconds of one process from start to exit; a failure stops the bench."""
+def timer(argv: list[str], cwd: Path, cpu: list[float]) -> float:
+    """Wall seconds of one process from start to exit (its CPU seconds appended to
+    ``cpu``); a failure stops the bench."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CATALOG_LEDGER_")}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(argv, check=False, cwd=cwd, env=env, capture_output=True)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()}")
     return elapsed
@@ -75,21 +83,32 @@ def main() -> None:
         work = Path(tmp) / "demo"
         build_demo(work)
         print(f"demo store: {work / 'catalog.db'}; {args.repeat} rounds after {args.warmup}")
-        print(f"{'command':<42}{'median s':>10}{'floor s':>10}{'ratio':>8}{'target s':>10}")
+        print(
+            f"{'command':<42}{'median s':>10}{'floor s':>10}{'ratio':>8}{'target s':>10}"
+            f"{'cpu s':>8}{'floor cpu':>10}"
+        )
         for name, argv, target in COMMANDS:
             if only and name not in only:
                 continue
+            cpu: list[float] = []
+            floor_cpu: list[float] = []
             measured = alternate(
                 {
-                    name: partial(timer, [CLI, *argv], work),
-                    "floor": partial(timer, [sys.executable, "-c", "pass"], work),
+                    name: partial(timer, [CLI, *argv], work, cpu),
+                    "floor": partial(timer, [sys.executable, "-c", "pass"], work, floor_cpu),
                 },
                 args.repeat,
                 args.warmup,
             )
             value, floor = measured[name].median, measured["floor"].median
+            # The warm-up rounds' CPU times are left out, as their wall times are.
+            cpu_s = statistics.median(cpu[args.warmup :])
+            floor_cpu_s = statistics.median(floor_cpu[args.warmup :])
             label = "catalog-ledger " + " ".join(argv)
-            print(f"{label:<42}{value:>10.3f}{floor:>10.3f}{value / floor:>8.1f}{target:>10.2f}")
+            print(
+                f"{label:<42}{value:>10.3f}{floor:>10.3f}{value / floor:>8.1f}{target:>10.2f}"
+                f"{cpu_s:>8.3f}{floor_cpu_s:>10.3f}"
+            )
             summary(
                 bench="cli",
                 figure=f"{name} wall time",
@@ -99,6 +118,8 @@ def main() -> None:
                 peer="python -c pass",
                 peer_value=floor,
                 target=f"value<={target}",
+                cpu_s=float(f"{cpu_s:.4g}"),
+                peer_cpu_s=float(f"{floor_cpu_s:.4g}"),
             )
 
 
