@@ -1,6 +1,6 @@
 """Every benchmark in one run, and one table of their SUMMARY lines.
 
-Runs each bench (append, audit, import_jsonl, apply, rebuild, publish, read, http)
+Runs each bench (append, audit, import_jsonl, apply, rebuild, publish, read, http, cli)
 as a child process, one after another (they share 2 cores: running them at once
 would measure contention), collects the ``SUMMARY {json}`` lines of their output
 and prints one Markdown table: bench, figure, engine, workers, value, peer, peer
@@ -44,6 +44,7 @@ BENCHES: list[tuple[str, list[str], int, int]] = [
         90,
         3600,
     ),
+    ("cli", ["--repeat", "5", "--warmup", "1"], 120, 600),
 ]
 #: Benches that take --engines.
 ENGINE_FLAG = {"append", "import_jsonl", "apply", "rebuild", "read", "http"}

@@ -26,6 +26,9 @@ from eventsourcing.domain import Aggregate, event
 from domain.digests import aggregate_id
 from domain.errors import Conflict
 
+#: Default writer lease TTL, seconds; a held lease is renewed every third of it (R12, R27).
+DEFAULT_LEASE_TTL = 30.0
+
 
 class Lease(Aggregate):
     """An exclusive writer lease; ``epoch`` counts acquisitions."""

@@ -26,43 +26,42 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, TextIO, TypedDict, cast, overload
+from typing import IO, TYPE_CHECKING, Any, TextIO, TypedDict, cast, overload
 
-from domain.canonical import parse_json
+from domain.coordination import DEFAULT_LEASE_TTL
 from domain.errors import IntegrityFailure, InvalidInput, LedgerError, UsageError
+from domain.event_types import EVENT_TYPES, T_LOCAL_REMOVED, T_REMOVED
 from domain.identity import Audience
 from domain.served import AudienceView
-from ledger.audit.export import export_jsonl
-from ledger.audit.history import audience_history, history, view_at
-from ledger.audit.proofs import MerkleLog, checkpoint, origin_of, verify_proof
-from ledger.audit.results import (
-    AudienceHistoryResult,
-    CheckpointNote,
-    ConsistencyProof,
-    HistoryResult,
-    InclusionProof,
-    PastView,
-    ProofCheck,
-)
-from ledger.audit.verify import AuditReport, verify_chain_parallel, verify_log
-from ledger.commands.core import DEFAULT_LEASE_TTL
-from ledger.commands.credentials import CredentialList, IssuedCredential, RevokedCredential
-from ledger.commands.results import ApplyResult, ImportLegacyResult, PublishResult
-from ledger.commands.service import WRITER_LEASE, CommandService
-from ledger.commands.sources import load_manifest, read_input_file, resolve_packs
-from ledger.log.checkpoint import Checkpoint, SignerKey, VerifierKey
-from ledger.log.db import Database, open_database, resolve_url
+from ledger.log.db import Database, open_database
+from ledger.log.url import resolve_url
 from ledger.store import contract, migrations
 from ledger.store.init import StoreInfo, init_store, require_schema
 from ledger.store.init import ddl as store_ddl
-from ledger.store.migrations import MigrateResult
-from ledger.store.rebuild import default_workers, process_builder
-from ledger.store.restore import import_jsonl as restore_jsonl
-from ledger.store.restore import read_lines
 from ledger.store.runtime import Ledger
-from projections.queries import PackStatus, pack_status
+from projections.queries import PackStatus, Removal, pack_status
 from projections.reader import CatalogReader, parse_audience, parse_revision
-from projections.runner import ProjectionsStatus, RebuildOutcome
+
+# What only some methods use is imported in them, so that ``status`` and ``view`` (and
+# the CLI that calls them) start without the audit, export, command and signing code
+# (issue 25.7; tests/test_cli_basics.py checks it).
+if TYPE_CHECKING:
+    from ledger.audit.results import (
+        AudienceHistoryResult,
+        CheckpointNote,
+        ConsistencyProof,
+        HistoryResult,
+        InclusionProof,
+        PastView,
+        ProofCheck,
+    )
+    from ledger.audit.verify import AuditReport
+    from ledger.commands.credentials import CredentialList, IssuedCredential, RevokedCredential
+    from ledger.commands.results import ApplyResult, ImportLegacyResult, PublishResult
+    from ledger.commands.service import CommandService
+    from ledger.log.checkpoint import VerifierKey
+    from ledger.store.migrations import MigrateResult
+    from projections.runner import ProjectionsStatus, RebuildOutcome
 
 Progress = Callable[[int, int], None]
 
@@ -182,6 +181,8 @@ class KeygenResult(TypedDict):
 
 def read_text(path: Path, field: str) -> str:
     """A small UTF-8 input file (keys, checkpoints, proofs), or INVALID naming ``field``."""
+    from ledger.commands.sources import read_input_file
+
     data = read_input_file(path, field=field, limit=1 << 20)
     try:
         return data.decode("utf-8")
@@ -191,6 +192,8 @@ def read_text(path: Path, field: str) -> str:
 
 def verifier_key(key: str | None) -> VerifierKey | None:
     """A verifier key given as a file or as its text."""
+    from ledger.log.checkpoint import VerifierKey
+
     if key is None:
         return None
     text = read_text(Path(key), "key") if Path(key).is_file() else key
@@ -199,6 +202,8 @@ def verifier_key(key: str | None) -> VerifierKey | None:
 
 def pack_hash(manifest: Path, pack: str) -> PackHash:
     """The v1 and v0 payload hashes of ``pack``'s content as ``manifest`` resolves it."""
+    from ledger.commands.sources import load_manifest, resolve_packs
+
     loaded = load_manifest(manifest)
     chosen = [p for p in loaded.packs if p.name == pack]
     if not chosen:
@@ -221,6 +226,8 @@ def keygen(name: str, out: Path) -> KeygenResult:
     creates it (``O_CREAT | O_EXCL``): it is never readable by others, not
     even for an instant, and an existing file is never overwritten.
     """
+    from ledger.log.checkpoint import SignerKey
+
     key = SignerKey.generate(name)
     try:
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -241,6 +248,10 @@ def keygen(name: str, out: Path) -> KeygenResult:
 
 def check_proof(file: Path, checkpoint_file: Path, key: str | None = None) -> ProofCheck:
     """Verify a proof file offline against a (signed) checkpoint; no store needed."""
+    from domain.canonical import parse_json
+    from ledger.audit.proofs import verify_proof
+    from ledger.log.checkpoint import Checkpoint
+
     note = read_text(checkpoint_file, "checkpoint")
     verifier = verifier_key(key)
     cp = verifier.verify(note) if verifier else Checkpoint.parse(note)
@@ -374,15 +385,21 @@ class Store:
 
     def status(self) -> StatusResult:
         """Per pack: active generation, newest attempt, dirty flag."""
+        recorder = self.ledger.recorder
         with self.ledger.db.read() as conn:
-            packs = pack_status(conn)
-            head = self.ledger.recorder.head_in(conn)
+            removal_topics = EVENT_TYPES.topics_of((T_REMOVED, T_LOCAL_REMOVED))
+            rows = recorder.rows_of_topics(conn, removal_topics)
+            removals = [_removal(p, t, s) for p, t, s in rows]
+            packs = pack_status(conn, removals)
+            head = recorder.head_in(conn)
         return {"head": head.position, "packs": packs}
 
     # -- the writer lease (R27) -----------------------------------------------------------
 
     def lease_status(self) -> LeaseStatus:
         """Who holds the writer lease, at which epoch, until when (renewals included)."""
+        from ledger.commands.service import WRITER_LEASE
+
         lease, expiry = self.service().lease_state()
         now = int(time.time() * 1_000_000)
         if lease is None:
@@ -413,6 +430,8 @@ class Store:
     def service(
         self, *, wait: float = 30.0, lease_ttl: float = DEFAULT_LEASE_TTL
     ) -> CommandService:
+        from ledger.commands.service import CommandService
+
         return CommandService(self.ledger, lease_wait=wait, lease_ttl=lease_ttl)
 
     def apply(
@@ -481,6 +500,8 @@ class Store:
         if at_revision is not None:
             revision = parse_revision(str(at_revision), field="at_revision")
             assert revision is not None
+            from ledger.audit.history import view_at
+
             return view_at(self.ledger, (parsed.kind.value, parsed.id), revision)
         minimum = None if min_revision is None else parse_revision(str(min_revision))
         return CatalogReader(self.ledger.db).view(parsed, min_revision=minimum)
@@ -498,17 +519,22 @@ class Store:
         ``audience`` (R26), from the log alone. Exactly one of the two."""
         if (pack is None) == (audience is None):
             raise UsageError("give --pack PACK or --audience AUDIENCE (exactly one)")
+        from ledger.audit.history import audience_history
+        from ledger.audit.history import history as pack_history
+
         if audience is not None:
             parsed = Audience.parse(audience, field="audience")
             pair = (parsed.kind.value, str(parsed.id))
             return {"audience": parsed.text, "events": audience_history(self.audit_ledger, pair)}
         assert pack is not None
-        return {"pack": pack, "events": history(self.audit_ledger, pack)}
+        return {"pack": pack, "events": pack_history(self.audit_ledger, pack)}
 
     def export(self, out: TextIO) -> int:
         """Write every event as JSON lines, then the trailer (schema/LOG-FORMAT.md); returns
         the count. A damaged store is written in full, then ``DamagedExport`` (INTEGRITY)
         names its first damaged position."""
+        from ledger.audit.export import export_jsonl
+
         return export_jsonl(self.audit_ledger, out)
 
     def import_jsonl(
@@ -533,6 +559,10 @@ class Store:
         have been cut short); ``legacy_no_trailer`` accepts an export written before the
         trailer existed (0.1, 0.2), whose truncation at a line boundary goes undetected.
         """
+        from ledger.audit.proofs import origin_of
+        from ledger.store.restore import import_jsonl as restore_jsonl
+        from ledger.store.restore import read_lines
+
         ledger = self.ledger  # an uninitialized or drifted store fails before any read
         if isinstance(source, Path | str):
             path = Path(source)
@@ -588,6 +618,8 @@ class Store:
         progress: Progress | None = None,
     ) -> AuditReport:
         """Verify the whole log; INTEGRITY naming the first bad position if anything fails."""
+        from ledger.audit.verify import verify_log
+
         note = read_text(from_checkpoint, "from_checkpoint") if from_checkpoint else None
         report = verify_log(
             self.audit_ledger,
@@ -609,6 +641,9 @@ class Store:
 
     def checkpoint(self, *, sign: Path | None = None) -> CheckpointNote:
         """The C2SP tlog-checkpoint of the log, optionally as a signed note."""
+        from ledger.audit.proofs import checkpoint
+        from ledger.log.checkpoint import SignerKey
+
         cp = checkpoint(self.audit_ledger)
         note = cp.text()
         if sign is not None:
@@ -626,6 +661,8 @@ class Store:
         """An inclusion proof (``position``) or a consistency proof (``from_size``)."""
         if (position is None) == (from_size is None):
             raise UsageError("give either --position N [--size S] or --from-size A [--to-size B]")
+        from ledger.audit.proofs import MerkleLog
+
         log = MerkleLog(self.audit_ledger)
         if position is not None:
             return log.inclusion(position, size or log.size())
@@ -651,6 +688,8 @@ class Store:
         (R22); a broken log swaps nothing in (INTEGRITY naming the position).
         ``chain_check=False`` skips it, for benchmarks and right after an audit.
         """
+        from ledger.store.rebuild import default_workers, process_builder
+
         return self.ledger.runner.rebuild(
             self.ledger.db,
             names,
@@ -678,6 +717,8 @@ class Store:
 
     def _check_chain(self, size: int) -> None:
         """Every event id and chain link up to ``size``, in one worker process."""
+        from ledger.audit.verify import verify_chain_parallel
+
         problems, _root, _chain = verify_chain_parallel(self.url, size, workers=1)
         if problems:
             first = problems[0]
@@ -720,6 +761,21 @@ class Store:
                 state = self.ledger.runner.catch_up(self.ledger.db, p.name)
                 done[p.name] = {"position": state.position, "stopped": state.stopped}
         return done
+
+
+def _removal(position: int, topic: bytes, state: bytes) -> Removal:
+    """A stored removal event decoded; a state that is not its type's JSON is INTEGRITY."""
+    try:
+        name, data = EVENT_TYPES.decode(topic, state)
+    except ValueError:  # orjson.JSONDecodeError
+        raise IntegrityFailure(
+            "a stored removal event is not JSON", position=position, topic=topic.decode()
+        ) from None
+    if not isinstance(data.get("pack"), str):
+        raise IntegrityFailure(
+            "a stored removal event names no pack", position=position, topic=topic.decode()
+        )
+    return position, name, data
 
 
 def _size_of(handle: IO[bytes] | IO[str]) -> int | None:

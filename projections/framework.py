@@ -36,14 +36,13 @@ from operator import itemgetter
 from typing import Any, ClassVar
 
 import orjson
-import pymysql
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from domain.errors import Stale
 from domain.event_types import EVENT_TYPES
 from domain.log import LoggedEvent
-from ledger.log.sqltypes import BigInt, Binary, Blob
+from ledger.log.sqltypes import BigInt, Binary, Blob, mysql_errors
 from projections.tables import metadata
 
 Row = dict[str, Any]
@@ -650,11 +649,8 @@ class ApplyOutcome:
 #: Errors of the database (a lost connection, a lock timeout), not of an event: an
 #: inline apply re-raises them, so the append fails typed and nothing is written,
 #: instead of stopping the view as if the event were poison.
-DATABASE_ERRORS: tuple[type[BaseException], ...] = (
-    sa.exc.SQLAlchemyError,
-    sqlite3.Error,
-    pymysql.err.MySQLError,
-)
+def database_errors() -> tuple[type[BaseException], ...]:
+    return mysql_errors("MySQLError", also=(sa.exc.SQLAlchemyError, sqlite3.Error))
 
 
 def apply_rows(
@@ -673,7 +669,7 @@ def apply_rows(
         if row.topic in topics:
             try:
                 projection.apply(ViewEvent.decode(row), store)
-            except DATABASE_ERRORS:
+            except database_errors():
                 raise  # the store failed, not the event: the transaction aborts
             except Exception as exc:
                 if buffered is not None:

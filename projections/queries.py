@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from collections.abc import Sequence
+from typing import Any, NotRequired, TypedDict
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -69,8 +70,24 @@ class NewestAttempt(TypedDict):
     revision: str | None
 
 
+class RemovedPack(TypedDict):
+    """What the last removal of a pack retired (R7): the generation or local_path record,
+    and, for an official pack, the epoch it was active at."""
+
+    install_id: str
+    source_kind: str
+    revision: str | None
+    active_epoch: int | None  # the retired generation's epoch; None for local_path
+    position: int  # log position of the removal
+
+
 class PackStatus(TypedDict):
-    """One pack as ``status`` shows it: selected generation, newest attempt, dirty."""
+    """One pack as ``status`` shows it: selected generation, newest attempt, dirty.
+
+    A removed pack (R7) has ``status`` ``removed``, ``epoch`` the pointer's epoch after
+    the removal (``None`` for local_path, which has no pointer) and ``removed`` what
+    the removal retired. Only a removed pack has ``removed``: the status of stores
+    without removals reads exactly as before (the golden stores, R23)."""
 
     pack: str
     source_kind: str | None
@@ -81,10 +98,20 @@ class PackStatus(TypedDict):
     installed_install_id: str | None
     newest_attempt: NewestAttempt | None
     dirty: bool
+    removed: NotRequired[RemovedPack]
 
 
-def pack_status(conn: Connection) -> list[PackStatus]:
-    """Per pack: selected generation, newest attempt and whether it is dirty."""
+#: A removal event as the log holds it: (position, type name, current-version state).
+Removal = tuple[int, str, dict[str, Any]]
+
+
+def pack_status(conn: Connection, removals: Sequence[Removal] = ()) -> list[PackStatus]:
+    """Per pack: selected generation, newest attempt and whether it is dirty.
+
+    ``removals`` are the log's removal events (``activation.removed``,
+    ``local_pack.removed``): the views keep no row of a removed pack (R7), so a pack
+    whose last removal is not followed by a selected generation or a compatibility row
+    is shown as removed from them."""
     versions = require_running(
         conn, InstalledPackView.name, PackGenerationView.name, PackActivationView.name
     )
@@ -102,25 +129,39 @@ def pack_status(conn: Connection) -> list[PackStatus]:
         )
     }
     newest: dict[str, Any] = {}
+    generations: dict[tuple[str, str], Any] = {}
     for r in conn.execute(
         sa.select(gen)
         .where(gen.c.view_version == versions[PackGenerationView.name])
         .order_by(gen.c.pack, gen.c.ordinal)
     ):
         newest[dec(r.pack)] = r
+        generations[(dec(r.pack), dec(r.install_id))] = r
+    last_removal: dict[str, Removal] = {}
+    for removal in sorted(removals, key=lambda r: r[0]):
+        last_removal[str(removal[2].get("pack"))] = removal
     out: list[PackStatus] = []
-    for pack in sorted(set(installed) | set(newest)):
+    for pack in sorted(set(installed) | set(newest) | set(last_removal)):
         row = installed.get(pack)
         attempt = newest.get(pack)
         activation = activations.get(pack)
+        removed = (
+            _removed(last_removal[pack], generations)
+            if pack in last_removal and row is None and activation is None
+            else None
+        )
         out.append(
             {
                 "pack": pack,
-                "source_kind": dec(row.source_kind) if row is not None else None,
-                "status": dec(row.status) if row is not None else None,
+                "source_kind": dec(row.source_kind)
+                if row is not None
+                else (removed["source_kind"] if removed else None),
+                "status": dec(row.status) if row is not None else ("removed" if removed else None),
                 "active_install_id": dec(activation.install_id) if activation else None,
                 "revision": dec(activation.revision) if activation else None,
-                "epoch": activation.epoch if activation else None,
+                "epoch": activation.epoch
+                if activation
+                else (_removal_epoch(last_removal[pack]) if removed else None),
                 "installed_install_id": dec(row.install_id) if row is not None else None,
                 "newest_attempt": {
                     "install_id": dec(attempt.install_id),
@@ -133,4 +174,43 @@ def pack_status(conn: Connection) -> list[PackStatus]:
                 "dirty": attempt is not None and dec(attempt.status) == "failed_dirty",
             }
         )
+        if removed is not None:
+            out[-1]["removed"] = removed
     return out
+
+
+def _removal_epoch(removal: Removal) -> int | None:
+    """The pointer's epoch after an official pack's removal; a local_path pack has none."""
+    epoch = removal[2].get("epoch")
+    return epoch if isinstance(epoch, int) else None
+
+
+def _removed(removal: Removal, generations: dict[tuple[str, str], Any]) -> RemovedPack:
+    """What ``removal`` retired, with the retired generation's facts from the view."""
+    position, _name, data = removal
+    pack = str(data.get("pack"))
+    if "from_install_id" not in data:  # local_pack.removed: a local_path record
+        return {
+            "install_id": str(data.get("install_id")),
+            "source_kind": "local_path",
+            "revision": None,
+            "active_epoch": None,
+            "position": position,
+        }
+    install_id, revision = data["from_install_id"], data.get("from_revision")
+    retired = generations.get((pack, str(install_id)))
+    if retired is None or not isinstance(revision, str):
+        raise IntegrityFailure(
+            f"pack {pack!r} was removed from generation {install_id}, which the generation "
+            "view does not hold; run `catalog-ledger projections verify`",
+            pack=pack,
+            install_id=install_id,
+            position=position,
+        )
+    return {
+        "install_id": str(install_id),
+        "source_kind": dec(retired.source_kind),
+        "revision": revision,
+        "active_epoch": retired.epoch,
+        "position": position,
+    }

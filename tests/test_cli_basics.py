@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +119,144 @@ def test_help_everywhere() -> None:
     for args in (["--help"], ["init", "--help"], ["log", "--help"], ["schema", "dump", "--help"]):
         result = run_cli(*args)
         assert result.code == 0 and "Usage:" in result.stdout
+
+
+# -- issue 25.7: a CLI that starts fast, guarded by what it imports (not by a clock) ------
+
+#: Never imported by `import ledger.cli`, `--help` or `--version`: the command tree is
+#: declared with click alone and each command imports what it uses when it runs.
+NOT_AT_START = (
+    "sqlalchemy",
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "eventsourcing",
+    "pymysql",
+    "pydantic",
+    "prometheus_client",
+    "cryptography",
+    "tqdm",
+    "ledger.api",
+    "ledger.log.db",
+    "ledger.http.app",
+)
+#: Never imported by `status` or `view` on a SQLite store: the HTTP server, the audit
+#: and export code, the commands (apply, publish), signing and the MySQL driver.
+NOT_FOR_READS = (
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "prometheus_client",
+    "ledger.http.app",
+    "ledger.audit.export",
+    "ledger.audit.verify",
+    "ledger.audit.history",
+    "ledger.audit.proofs",
+    "ledger.commands.service",
+    "ledger.commands.apply",
+    "ledger.log.checkpoint",
+    "pymysql",
+    "cryptography",
+)
+
+_PROBE = """
+import contextlib, io, json, sys
+from ledger.cli import run
+runs = []
+for argv in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = run(argv)
+    runs.append({"argv": argv, "code": code, "stdout": out.getvalue()})
+print(json.dumps({"runs": runs, "modules": sorted(sys.modules)}))
+"""
+
+
+def _probe(*commands: list[str], cwd: Path) -> tuple[list[dict[str, Any]], set[str]]:
+    """Run ``commands`` in one fresh interpreter (this test process has imported
+    everything already); their results and every module that process imported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CATALOG_LEDGER_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(list(commands))],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.splitlines()[-1])
+    return found["runs"], set(found["modules"])
+
+
+def _loaded(modules: set[str], names: Sequence[str]) -> list[str]:
+    return sorted(n for n in names if n in modules or any(m.startswith(n + ".") for m in modules))
+
+
+def test_r25_cli_start_imports_no_database_server_or_framework(tmp_path: Path) -> None:
+    """Issue 25.7: `--version` and `--help` (of the group and of `serve`, whose option
+    defaults come from the server's settings) load none of the heavy modules."""
+    runs, modules = _probe(
+        ["--version"], ["--help"], ["serve", "--help"], ["status", "--help"], cwd=tmp_path
+    )
+    assert [r["code"] for r in runs] == [0, 0, 0, 0]
+    assert runs[0]["stdout"].startswith("catalog-ledger, version ")
+    assert "--max-waiters INTEGER RANGE" in runs[2]["stdout"]
+    assert "[default: 1000; x>=0]" in runs[2]["stdout"]
+    assert _loaded(modules, NOT_AT_START) == []
+    assert "click" in modules  # the probe saw the CLI's own imports
+
+
+def test_r25_cli_help_lists_every_command_with_its_help() -> None:
+    """Lazy imports keep the command tree declared: `--help` names every command of the
+    group, each with the first line of its help, and every group DESIGN lists."""
+    from ledger.cli import cli as group
+
+    result = run_cli("--help")
+    assert result.code == 0
+    lines = result.stdout.splitlines()
+    assert set(group.commands) >= {
+        "init", "doctor", "migrate", "apply", "publish", "status", "view", "serve",
+        "credentials", "lease", "projections", "audit", "history", "export", "log",
+        "schema", "pack",
+    }  # fmt: skip
+    for name, command in group.commands.items():
+        short = command.get_short_help_str(limit=45)
+        assert short, name
+        assert any(line.split()[:1] == [name] and short[:20] in line for line in lines), (
+            name,
+            short,
+        )
+
+
+def test_r25_status_and_view_on_sqlite_import_no_server_audit_or_commands(
+    tmp_path: Path,
+) -> None:
+    """Issue 25.7: `status` and `view` on a SQLite store answer without importing the
+    HTTP server, the audit and export modules, the commands, signing or PyMySQL."""
+    from tests.gitrepo import push_closure
+    from tests.lifecycle_support import World
+
+    world = World(tmp_path, f"sqlite:///{tmp_path / 'catalog.db'}")
+    try:
+        commit = world.commit("sales", 1)
+        bindings = push_closure("integration:erp", "sales")
+        world.service.apply(world.manifest([world.official("sales", commit)], bindings))
+    finally:
+        world.close()
+
+    runs, modules = _probe(
+        ["--db", world.url, "status", "--json"],
+        ["--db", world.url, "view", "integration:erp", "--json"],
+        cwd=tmp_path,
+    )
+
+    assert [r["code"] for r in runs] == [0, 0]
+    status, view = (json.loads(r["stdout"]) for r in runs)
+    assert [p["pack"] for p in status["packs"]] == ["sales"]
+    assert status["packs"][0]["status"] == "active"
+    assert (view["audience"], view["revision"]) == ("integration:erp", 1)
+    assert {f["pack"] for f in view["facts"]} == {"sales"}
+    assert _loaded(modules, NOT_FOR_READS) == []
+    assert "sqlalchemy" in modules  # the probe really read the store

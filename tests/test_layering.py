@@ -79,8 +79,16 @@ ALLOWED_OURS = {
     # The runtime client speaks HTTP to a server; it shares only the pure domain (the
     # digests and result types of ``domain.served``) with the rest: no server stack.
     "ledger.client": {"domain"},
-    # Entrypoints are thin adapters over the API (and the audit's schema generators).
-    "ledger.cli": {"domain", "ledger.api", "ledger.audit", "ledger.http", "ledger.observability"},
+    # Entrypoints are thin adapters over the API (and the audit's schema generators);
+    # the CLI checks --db with the URL rules alone (stdlib) before it imports the API.
+    "ledger.cli": {
+        "domain",
+        "ledger.api",
+        "ledger.audit",
+        "ledger.http",
+        "ledger.log.url",
+        "ledger.observability",
+    },
     "ledger.http": {
         "domain",
         "ledger.api",

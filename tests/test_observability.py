@@ -38,7 +38,7 @@ from ledger.cli.read import DB_ENV
 from ledger.commands.core import WRITER_LEASE
 from ledger.http import metrics as http_metrics
 from ledger.http.app import create_app
-from ledger.log.db import ENV_VAR
+from ledger.log.url import ENV_VAR
 from ledger.observability import JsonFormatter, TextFormatter
 from tests.cli_inprocess import cli
 from tests.cli_support import Result, ServedStore, run_cli

@@ -20,7 +20,7 @@ from domain.lifecycle import Generation, GenerationStatus, generation_id
 from domain.log import LoggedEvent
 from ledger.audit.verify import verify_log
 from projections.reader import CatalogReader
-from tests.cli_inprocess import cli_json
+from tests.cli_inprocess import cli, cli_json
 from tests.gitrepo import local, push_closure
 from tests.lifecycle_support import World
 from tests.test_rule_proofs import audit_problem, rechained
@@ -143,6 +143,106 @@ def test_r7_removing_a_local_path_pack_drops_its_row(world: World) -> None:
     assert classify(world.state("devsample")) is Condition.REMOVED
     assert installed(world) == {}
     assert verify_log(world.ledger).ok
+
+
+def removal_position(world: World, topic: str) -> int:
+    """The log position of the one row stored under ``topic`` (as `log` shows it)."""
+    code, page = cli_json("--db", world.url, "log", "--limit", "1000")
+    assert code == 0
+    (position,) = [e["position"] for e in page["events"] if e["topic"] == topic]
+    return int(position)
+
+
+def test_r7_status_shows_a_removed_official_pack_as_removed_with_its_epochs(
+    world: World,
+) -> None:
+    """Issue 25.8: after install (epoch 1), advance (epoch 2) and remove (epoch 3) the
+    pack is shown removed, with the generation that was active at epoch 2, not as
+    "never activated; newest attempt retired"."""
+    world.apply(world.official("sales", world.commit("sales", 1)))
+    second = world.apply(world.official("sales", world.commit("sales", 2)))
+    g2, revision = second["packs"][0]["install_id"], second["packs"][0]["revision"]
+    assert second["packs"][0]["epoch"] == 2
+    out = world.service.apply(release(world, remove=["sales"]))
+    assert out["packs"][0]["epoch"] == 3
+    position = removal_position(world, "activation.removed@1")
+
+    code, document = cli_json("--db", world.url, "status")
+
+    assert code == 0
+    (row,) = document["packs"]
+    assert row == {
+        "pack": "sales",
+        "source_kind": "official_repo",
+        "status": "removed",
+        "active_install_id": None,
+        "revision": None,
+        "epoch": 3,
+        "installed_install_id": None,
+        "newest_attempt": {
+            "install_id": g2,
+            "ordinal": 2,
+            "status": "retired",
+            "revision": revision,
+        },
+        "dirty": False,
+        "removed": {
+            "install_id": g2,
+            "source_kind": "official_repo",
+            "revision": revision,
+            "active_epoch": 2,
+            "position": position,
+        },
+    }
+    text = cli("--db", world.url, "status")
+    assert text.code == 0
+    assert text.stdout.splitlines()[1] == (
+        f"  sales: removed official_repo {g2} @ {revision} (active at epoch 2; removed at epoch 3)"
+    )
+    assert "never activated" not in text.stdout
+
+    # Installed again: active, no longer removed.
+    again = world.apply(world.official("sales", world.commit("sales", 2)))
+    code, document = cli_json("--db", world.url, "status")
+    (row,) = document["packs"]
+    assert (row["status"], row["active_install_id"], row["epoch"], "removed" in row) == (
+        "active",
+        again["packs"][0]["install_id"],
+        4,
+        False,
+    )
+
+
+def test_r7_status_shows_a_removed_local_path_pack_as_removed(world: World) -> None:
+    """Issue 25.8: a removed local_path pack no longer vanishes from status; it has no
+    pointer, so no epoch."""
+    folder = world.local_dir("devsample", 1)
+    world.service.apply(world.manifest([local("devsample", folder)]))
+    install_id = installed(world)["devsample"][0]
+    world.apply(world.official("sales", world.commit("sales", 1)))
+    world.service.apply(release(world, remove=["devsample"]))
+
+    code, document = cli_json("--db", world.url, "status")
+
+    assert code == 0
+    rows = {r["pack"]: r for r in document["packs"]}
+    assert sorted(rows) == ["devsample", "sales"]
+    assert rows["sales"]["status"] == "active" and "removed" not in rows["sales"]
+    removed = rows["devsample"]
+    assert (removed["status"], removed["source_kind"], removed["epoch"]) == (
+        "removed",
+        "local_path",
+        None,
+    )
+    assert removed["removed"] == {
+        "install_id": install_id,
+        "source_kind": "local_path",
+        "revision": None,
+        "active_epoch": None,
+        "position": removal_position(world, "local_pack.removed@1"),
+    }
+    text = cli("--db", world.url, "status")
+    assert f"  devsample: removed local_path {install_id}\n" in text.stdout
 
 
 def test_r7_removal_still_used_by_a_binding_is_rejected_naming_each_binding(

@@ -8,6 +8,11 @@ error. Exit codes: 0 ok, 1 store unavailable or internal error, 2 usage,
 3 invalid input, 4 conflict, 5 fail-closed authority, 6 integrity. ``main``
 is the only entry point and it turns every failure into one of those codes;
 no traceback reaches a user unless ``CATALOG_LEDGER_DEBUG=1`` asks for it.
+
+Start-up stays cheap (issue 25.7): this module and the command modules declare the
+command tree with click alone; a command imports what it uses (``ledger.api``, the
+database drivers, the HTTP server) inside its body, and the store is opened on
+first use. ``tests/test_cli_basics.py`` checks which modules stay out.
 """
 
 from __future__ import annotations
@@ -18,14 +23,17 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import orjson
 
 from domain.errors import LedgerError, UsageError
-from ledger.api import Store
+from ledger.log.url import resolve_url
 from ledger.observability import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, configure, reset
+
+if TYPE_CHECKING:
+    from ledger.api import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -95,11 +103,32 @@ def log_settings() -> tuple[str, str]:
     return found
 
 
+class StoreHandle:
+    """The ``--db`` of this invocation; the ``Store`` (and with it ``ledger.api`` and the
+    database layer) is created on first use, so commands that need no store never
+    import it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._store: Store | None = None
+
+    def open(self) -> Store:
+        if self._store is None:
+            from ledger.api import Store
+
+            self._store = Store(self.url)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
 def store() -> Store:
     """The store of this invocation (``--db``), opened on first use."""
-    obj = click.get_current_context().find_object(Store)
-    assert obj is not None
-    return obj
+    handle = click.get_current_context().find_object(StoreHandle)
+    assert handle is not None
+    return handle.open()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -135,8 +164,9 @@ def cli(ctx: click.Context, db_url: str | None, log_format: str, log_level: str)
     """Catalog Ledger: an event-sourced catalog publication store."""
     configure(log_format.lower(), log_level.lower())
     ctx.meta[LOG_SETTINGS] = (log_format.lower(), log_level.lower())
-    ctx.obj = Store(db_url)
-    ctx.call_on_close(ctx.obj.close)
+    handle = StoreHandle(resolve_url(db_url))  # an empty --db is INVALID now, as before
+    ctx.obj = handle
+    ctx.call_on_close(handle.close)
 
 
 @contextmanager

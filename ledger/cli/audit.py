@@ -9,7 +9,6 @@ import click
 
 from domain.errors import InvalidInput, UsageError
 from domain.identity import PackName
-from ledger.api import check_proof, keygen
 from ledger.cli.app import cli, dump_json, emit, json_option, progress_bar, store
 
 
@@ -29,6 +28,8 @@ def audit_group() -> None:
 @json_option
 def audit_keygen(name: str, out: Path, as_json: bool) -> None:
     """Create an Ed25519 key for signing checkpoints (C2SP signed note format)."""
+    from ledger.api import keygen
+
     document = keygen(name, out)
     emit(as_json, document, lambda: click.echo(document["verifier_key"]))
 
@@ -105,6 +106,8 @@ def audit_prove(
 @json_option
 def audit_verify_proof(file: Path, checkpoint_file: Path, key: str | None, as_json: bool) -> None:
     """Verify a proof offline against a checkpoint (no database needed)."""
+    from ledger.api import check_proof
+
     result = check_proof(file, checkpoint_file, key)
     size = result.get("size", result.get("size2"))
     emit(as_json, result, lambda: click.echo(f"ok: {result['type']} proof verifies at size {size}"))

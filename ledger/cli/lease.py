@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from ledger.api import LeaseStatus
 from ledger.cli.app import cli, emit, json_option, store
+
+if TYPE_CHECKING:
+    from ledger.api import LeaseStatus
 
 
 @cli.group("lease")

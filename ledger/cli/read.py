@@ -5,8 +5,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-import ssl
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +13,10 @@ import orjson
 
 from domain.errors import Unavailable, UsageError
 from ledger.cli.app import cli, emit, json_option, log_settings, store
-from ledger.http.metrics import MULTIPROC_ENV
-from ledger.http.watch import MAX_WAITERS
+from ledger.http.settings import MAX_WAITERS, MULTIPROC_ENV
 from ledger.observability import FORMAT_ENV, LEVEL_ENV, LEVELS, configure
 
-#: Where ``serve --workers N`` tells its workers the store URL (``ledger.log.db.ENV_VAR``).
+#: Where ``serve --workers N`` tells its workers the store URL (``ledger.log.url.ENV_VAR``).
 DB_ENV = "CATALOG_LEDGER_DB"
 
 
@@ -179,6 +176,9 @@ def serve(
     /v1/catalog/head, /healthz and /metrics (Prometheus). Runtime reads need
     `Authorization: Bearer TOKEN` of a credential (`credentials issue`) or, with
     --tls-client-ca, a client certificate naming the audience (R26)."""
+    import ssl
+    import tempfile
+
     import uvicorn
 
     from ledger.http.app import DOCS_ENV, MAX_WAITERS_ENV, NO_AUTH_ENV, create_app

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from domain.errors import UsageError
-from ledger.api import ddl, doctor_exit_code
 from ledger.cli.app import cli, dump_json, emit, json_option, store
 
 
@@ -40,6 +39,8 @@ def doctor(repair: bool, as_json: bool) -> int:
             kind = "safe" if d["safe"] else "UNSAFE"
             click.echo(f"{kind}: {d['object']}: expected {d['expected']}, found {d['found']}")
         click.echo("ok" if report["ok"] else "the store differs unsafely from the declared schema")
+
+    from ledger.api import doctor_exit_code
 
     emit(as_json, report, human)
     return doctor_exit_code(report)
@@ -121,6 +122,8 @@ def schema_group() -> None:
 def schema_dump(out: Path, dialect: str | None, as_json: bool) -> None:
     """Write the DDL for SQLite and the MySQL family, the HTTP OpenAPI document, the
     JSON Schema of exported events and the log-format conformance vectors."""
+    from ledger.api import ddl
+
     if dialect is not None:
         text = ddl(dialect)
         emit(as_json, {"dialect": dialect, "ddl": text}, lambda: click.echo(text, nl=False))
@@ -131,6 +134,7 @@ def schema_dump(out: Path, dialect: str | None, as_json: bool) -> None:
 
 def write_schema_artifacts(out: Path) -> list[str]:
     """Write schema/: DDL per dialect, OpenAPI, events JSON Schema, log-format vectors."""
+    from ledger.api import ddl
     from ledger.audit.event_schema import events_schema
     from ledger.audit.vectors import all_vectors
     from ledger.http.app import openapi_document
@@ -159,14 +163,23 @@ def status(as_json: bool) -> None:
     def human() -> None:
         click.echo(f"log head: {head}; {len(packs)} pack(s)")
         for p in packs:
+            removed = p.get("removed")
             if p["active_install_id"]:
                 line = f"active {p['active_install_id']} @ {p['revision']} epoch {p['epoch']}"
+            elif removed is not None:
+                line = f"removed {removed['source_kind']} {removed['install_id']}"
+                if removed["active_epoch"] is not None:
+                    line += (
+                        f" @ {removed['revision']} (active at epoch {removed['active_epoch']}; "
+                        f"removed at epoch {p['epoch']})"
+                    )
             elif p["status"] is not None:
                 line = f"{p['source_kind']} {p['status']} {p['installed_install_id']}"
             else:
                 line = "never activated"
             newest = p["newest_attempt"]
-            if newest and newest["install_id"] != p["active_install_id"]:
+            shown = p["active_install_id"] or (removed and removed["install_id"])
+            if newest and newest["install_id"] != shown:
                 line += f"; newest attempt {newest['install_id']} {newest['status']}"
             if p["dirty"]:
                 line += "  DIRTY (blocks publication until a later generation activates)"

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from ledger.api import pack_hash as hashes_of
 from ledger.cli.app import cli, emit, json_option, store
 
 
@@ -157,7 +156,9 @@ def pack_group() -> None:
 @json_option
 def pack_hash(manifest: Path, pack: str, as_json: bool) -> None:
     """Print the v1 and v0 payload hashes of PACK's content as MANIFEST resolves it."""
-    document = hashes_of(manifest, pack)
+    from ledger.api import pack_hash
+
+    document = pack_hash(manifest, pack)
 
     def human() -> None:
         click.echo(f"{document['pack']}: {document['components']} component(s)")

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 
 from domain.canonical import canonical_bytes
 from domain.classifier import PackState
-from domain.coordination import Lease, lease_id
+from domain.coordination import DEFAULT_LEASE_TTL, Lease, lease_id
 from domain.digests import Purpose, digest, lp
 from domain.errors import Conflict, LifecycleRejected
 from domain.identity import CommandId, PackName
@@ -35,8 +35,6 @@ from ledger.log import lease_rows
 from ledger.store.runtime import Ledger, LogReader
 
 WRITER_LEASE = "writer"
-#: Default writer lease TTL, seconds; a held lease is renewed every third of it.
-DEFAULT_LEASE_TTL = 30.0
 
 
 def renewed_until(lease: Lease, row: lease_rows.LeaseRow | None) -> int | None:

@@ -71,10 +71,10 @@ from ledger.http.auth import (
 )
 from ledger.http.metrics import HttpMetrics, MetricsMiddleware, StoreCollector, multiprocess_dir
 from ledger.http.serving import StateGate
+from ledger.http.settings import MAX_WAITERS
 from ledger.http.tls import client_certificate
 from ledger.http.watch import (
     MAX_WAIT,
-    MAX_WAITERS,
     MIN_WAIT,
     POLL_SECONDS,
     WatchHub,

@@ -37,11 +37,10 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from domain.errors import Missing
+from ledger.http.settings import MULTIPROC_ENV
 from ledger.store.replica import replication
 from projections.reader import CatalogReader
 
-#: The environment variable prometheus-client's multiprocess mode reads.
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: The writer lease's name (``ledger.commands.core.WRITER_LEASE``; checked by a test).
 WRITER_LEASE = "writer"
 UNMATCHED = "unmatched"

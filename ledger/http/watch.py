@@ -28,11 +28,11 @@ import anyio.to_thread
 from domain.errors import LedgerError, Unavailable
 from domain.identity import Audience
 from domain.served import AudienceView
+from ledger.http.settings import MAX_WAITERS
 from projections.reader import CatalogReader
 
 #: The bounds of ``wait`` (seconds) and the default bound of waiters per process.
 MIN_WAIT, MAX_WAIT = 1, 300
-MAX_WAITERS = 1000
 #: How often the poller reads the serving state while anyone waits.
 POLL_SECONDS = 0.25
 #: ``Retry-After`` (seconds) of a refusal over the bound.

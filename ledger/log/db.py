@@ -17,7 +17,6 @@ caller ever sees a driver exception or a traceback.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 import time
@@ -27,16 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import pymysql
 import sqlalchemy as sa
-from pymysql.constants import CLIENT
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from domain.errors import Conflict, InvalidInput, LedgerError, Unavailable
+from ledger.log.sqltypes import mysql_errors
 
-DEFAULT_URL = "sqlite:///catalog.db"
-ENV_VAR = "CATALOG_LEDGER_DB"
 Dialect = Literal["sqlite", "mysql"]
 
 _BEGIN_OPTION = "catalog_ledger_begin"
@@ -50,18 +46,6 @@ _MYSQL_CONFLICTS = {1062, 1213, 9007, 8002, 8022}
 _MYSQL_RETRYABLE = {1205, 8028}
 # MySQL / MariaDB client/server errors that mean "cannot reach or use the server".
 _MYSQL_UNAVAILABLE = {1044, 1045, 1049, 2002, 2003, 2005, 2006, 2013, 2055}
-
-
-def resolve_url(explicit: str | None) -> str:
-    """``--db`` wins, then ``CATALOG_LEDGER_DB``, then the SQLite default.
-
-    An empty ``--db`` is a mistake, not a request for the default store.
-    """
-    if explicit is not None and not explicit.strip():
-        raise InvalidInput(
-            "--db is empty; give a store URL such as sqlite:///catalog.db", field="db"
-        )
-    return explicit or os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
 def _normalize(url_text: str) -> tuple[URL, Dialect]:
@@ -227,7 +211,7 @@ class Database:
                         return list(cursor.fetchall())
                     finally:
                         cursor.close()
-                except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as exc:
+                except mysql_errors("OperationalError", "InterfaceError") as exc:
                     number = exc.args[0] if exc.args else None
                     self._drop_statement_connection(raw)
                     if attempt == 2 or number not in (0, 2006, 2013, 2055):
@@ -324,6 +308,8 @@ def open_database(url_text: str, *, pool_size: int = 5, create: bool = True) -> 
             url=url.render_as_string(hide_password=False),
             sqlite_file=opened,
         )
+
+    from pymysql.constants import CLIENT  # the driver: only for a MySQL-family store
 
     def mysql_engine(
         isolation: str, *, pre_ping: bool = True, overflow: int = pool_size, flags: int = 0
@@ -456,7 +442,7 @@ def translate(exc: BaseException) -> LedgerError:
                 driver_error=text,
             )
         return Unavailable(f"SQLite could not be used: {text}", driver_error=text)
-    if isinstance(root, pymysql.err.MySQLError):
+    if isinstance(root, mysql_errors("MySQLError")):
         number = root.args[0] if root.args and isinstance(root.args[0], int) else None
         text = str(root.args[1]) if len(root.args) > 1 else str(root)
         if not text.strip():
@@ -478,7 +464,7 @@ def translate(exc: BaseException) -> LedgerError:
                 driver_error=text,
             )
         if number in _MYSQL_UNAVAILABLE or isinstance(
-            root, pymysql.err.OperationalError | pymysql.err.InterfaceError
+            root, mysql_errors("OperationalError", "InterfaceError")
         ):
             return Unavailable(
                 f"the MySQL server could not be used: {text}", driver_error=text, errno=number
@@ -498,7 +484,7 @@ def translate_errors() -> Iterator[None]:
         yield
     except (LedgerError, BrokenPipeError):
         raise  # a closed stdout is the reader's business, not the store's
-    except (sa.exc.SQLAlchemyError, sqlite3.Error, pymysql.err.MySQLError, OSError) as exc:
+    except mysql_errors("MySQLError", also=(sa.exc.SQLAlchemyError, sqlite3.Error, OSError)) as exc:
         raise translate(exc) from exc
 
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-import pymysql
 import sqlalchemy as sa
 from eventsourcing.persistence import (
     ApplicationRecorder,
@@ -45,6 +44,7 @@ from domain.log import LoggedEvent
 from ledger.log import tables as schema
 from ledger.log.crashpoints import crashpoint
 from ledger.log.db import Database, translate_errors
+from ledger.log.sqltypes import mysql_errors
 
 Precommit = Callable[[Connection], None]
 InlineHook = Callable[[Connection, Sequence[LoggedEvent]], None]
@@ -235,7 +235,7 @@ class LedgerRecorder(ApplicationRecorder):
             crashpoint("append:rows-inserted")
             while cursor.nextset():  # the UPDATE's result: its errors surface here
                 pass
-        except (sqlite3.IntegrityError, pymysql.err.IntegrityError) as exc:
+        except mysql_errors("IntegrityError", also=(sqlite3.IntegrityError,)) as exc:
             raise RecordConflict(
                 "an event with the same aggregate id and version already exists",
                 rule="R11",
@@ -350,6 +350,23 @@ class LedgerRecorder(ApplicationRecorder):
         if row is None:
             return Head(0, ZERO_CHAIN)
         return Head(int(row[0]), bytes(row[1]))
+
+    def rows_of_topics(
+        self, conn: Connection, topics: Sequence[str]
+    ) -> list[tuple[int, bytes, bytes]]:
+        """(position, topic, state) of every row stored under one of ``topics``, in
+        position order. The topic column has no index: this reads the whole log table's
+        topics (used by ``status`` for removals, which no view keeps, R7)."""
+        if not topics:
+            return []
+        ev = schema.events
+        query = (
+            sa.select(ev.c.position, ev.c.topic, ev.c.state)
+            .where(ev.c.topic.in_([t.encode() for t in topics]))
+            .order_by(ev.c.position)
+        )
+        with stored_types("the log row", lambda: None):
+            return [(int(p), _binary(t), _binary(s)) for p, t, s in conn.execute(query)]
 
     def select_events(
         self,

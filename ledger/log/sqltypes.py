@@ -8,12 +8,25 @@ identities are stored as their UTF-8 bytes (see ``enc``/``dec``).
 
 from __future__ import annotations
 
+import sys
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 from domain.errors import IntegrityFailure
 
 MYSQL_FAMILY = ("mysql", "mariadb")
+
+
+def mysql_errors(
+    *names: str, also: tuple[type[Exception], ...] = ()
+) -> tuple[type[Exception], ...]:
+    """``also`` and PyMySQL's exception classes ``names`` (``pymysql.err``) once the
+    driver is loaded. The driver is imported only when a MySQL-family store is opened,
+    so a command on a SQLite store never pays for it (issue 25.7); until then nothing
+    can raise one of its errors, so none are needed to catch them."""
+    err = sys.modules.get("pymysql.err")
+    return also + (tuple(getattr(err, name) for name in names) if err is not None else ())
 
 
 def Binary(length: int) -> sa.types.TypeEngine[bytes]:

@@ -28,7 +28,8 @@ from eventsourcing.persistence import Recording
 
 from domain.errors import UsageError
 from ledger.log.application import LedgerApplication
-from ledger.log.db import ENV_VAR, open_database, resolve_url
+from ledger.log.db import open_database
+from ledger.log.url import ENV_VAR, resolve_url
 from ledger.store import contract
 from ledger.store.init import require_schema
 
