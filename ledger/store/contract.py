@@ -96,9 +96,16 @@ def differences(conn: Connection, dialect: str) -> list[Difference]:
     live_tables = set(inspector.get_table_names())
     found: list[Difference] = []
     version: int | None = log_tables.SCHEMA_VERSION
+    malformed = False
     if log_tables.meta.name in live_tables:
-        version, text = migrations.read_version(conn)
-        if version != log_tables.SCHEMA_VERSION:
+        try:
+            version, text = migrations.read_version(conn)
+        except IntegrityFailure as exc:  # not a version number at all
+            version, text, malformed = None, str(exc.details["found"]), True
+            found.append(
+                Difference(migrations.VERSION_FIELD, "a decimal version number", text, False)
+            )
+        if version != log_tables.SCHEMA_VERSION and not malformed:
             older = migrations.known(version)
             found.append(
                 Difference(

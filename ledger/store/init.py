@@ -19,7 +19,7 @@ from domain.digests import ZERO_CHAIN
 from domain.errors import InvalidInput
 from ledger.log import tables as schema
 from ledger.log.db import Database, translate_errors
-from ledger.log.sqltypes import dec, enc
+from ledger.log.sqltypes import enc
 from ledger.store import migrations
 from ledger.store.runtime import Ledger
 from projections.registry import public_views
@@ -85,16 +85,14 @@ def init_store(db: Database) -> StoreInfo:
         _create_views(db)
         db.engine.dispose()  # DDL may have run: reconnect (TiDB: "schema changed" otherwise)
         with db.write() as conn:
-            stored = conn.execute(
-                sa.select(schema.meta.c.value).where(schema.meta.c.name == enc("schema_version"))
-            ).scalar()
+            stored, text = migrations.read_version(conn)
             if stored is None:
                 conn.execute(
                     schema.meta.insert(),
                     {"name": enc("schema_version"), "value": enc(str(schema.SCHEMA_VERSION))},
                 )
             else:
-                migrations.require_current(migrations.parse_version(stored), dec(stored))
+                migrations.require_current(stored, text)
             store_id = conn.execute(
                 sa.select(schema.meta.c.value).where(schema.meta.c.name == enc("store_id"))
             ).scalar()
