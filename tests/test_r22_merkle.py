@@ -568,10 +568,11 @@ def test_r22_a_proof_field_that_disagrees_with_the_field_it_repeats_is_integrity
     original = proof_files[kind]
     assert _verify(proof_files, original)[0] == 0  # the unedited proof verifies
     edited = dict(original)
-    for name, value in edit.items():
-        if value == "other":  # the same field of the proof of the next position
+    for name, given_value in edit.items():
+        value = given_value
+        if given_value == "other":  # the same field of the proof of the next position
             value = proof_files["other"][name]
-        elif value == -1:
+        elif given_value == -1:
             value = original[name] - 1
         assert value != original[name]
         edited[name] = value
