@@ -185,7 +185,7 @@ def test_r24_doctor_repair_refuses_to_rebuild_the_head_over_a_broken_chain(world
     assert head_row(world) is None
 
 
-def test_r24_init_on_an_empty_log_without_a_head_row_finishes_the_interrupted_init(
+def test_r24_init_on_an_empty_log_without_a_head_row_finishes_an_interrupted_init(
     world: World,
 ) -> None:
     sql(world, "DELETE FROM ledger_head")
@@ -315,3 +315,10 @@ def test_r24_an_extra_column_inserts_can_leave_out_stays_a_safe_difference(
         }
     ]
     next_release_applies(world)
+
+
+def test_r24_a_missing_head_row_over_an_empty_log_names_init(world: World) -> None:
+    sql(world, "DELETE FROM ledger_head")
+    code, error = cli_json("--db", world.url, "status")
+    assert (code, error["error"]) == (6, "INTEGRITY"), error
+    assert "ledger_head" in error["message"] and "run `catalog-ledger init`" in error["message"]

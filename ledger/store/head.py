@@ -49,6 +49,8 @@ class HeadCheck:
         return f"position {position}, chain {chain.hex()} (the last row of ledger_events)"
 
     def found(self) -> str:
+        if self.head is None and self.last[0] == 0:
+            return "no head row over an empty log (an interrupted init: run `catalog-ledger init`)"
         if self.head is None:
             return f"no head row {REPAIR_HINT}"
         position, chain = self.head
