@@ -121,9 +121,8 @@ def init_store(db: Database) -> StoreInfo:
             # Views added to an existing log are built from it before first use.
             ledger.runner.rebuild(db, created_views)
         if lost and position:
-            contract.rebuild_lost_views(
-                db, lost, skip=created_views
-            )  # a lost view table, recreated empty
+            # A view whose table was lost (and just recreated, empty) is rebuilt.
+            contract.rebuild_lost_views(db, lost, skip=created_views)
     return StoreInfo(
         engine=db.dialect,
         server_version=version,
