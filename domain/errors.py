@@ -107,3 +107,13 @@ class Unavailable(LedgerError):
 
     code = "UNAVAILABLE"
     exit_code = 1
+
+
+class Permission(LedgerError):
+    """The database refused this account the operation (exit 7): a missing grant
+    (MySQL 1142 table, 1143 column, 1044 database, 1227 privilege) or a refused login
+    (1045). Not UNAVAILABLE: the server is up, and retrying will not help until an
+    administrator changes the grants or the credentials."""
+
+    code = "PERMISSION"
+    exit_code = 7

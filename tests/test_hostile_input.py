@@ -98,6 +98,7 @@ EXIT_CODES = {
     "LIFECYCLE": 5,
     "INTEGRITY": 6,
     "UNAVAILABLE": 1,
+    "PERMISSION": 7,
 }
 
 

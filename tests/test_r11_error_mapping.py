@@ -1,5 +1,6 @@
 """R11: engine failures map onto typed errors — a lost race is CONFLICT, a transient
-failure a retryable UNAVAILABLE, never an internal error.
+failure a retryable UNAVAILABLE, a refused account PERMISSION (exit 7), never an
+internal error.
 
 The MariaDB cases are provoked for real on the server (a deadlock, which is also
 how Galera reports a certification failure, and a lock wait timeout). TiDB's
@@ -9,16 +10,21 @@ checked on driver exceptions carrying exactly those numbers.
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pymysql
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import make_url
 
-from domain.errors import Conflict, Unavailable
+from domain.errors import Conflict, Permission, Unavailable
 from ledger.log.db import Database, open_database, translate, translate_errors
 from ledger.store.init import init_store
+from tests.cli_inprocess import cli_json
+from tests.conftest import Server
 
 
 @pytest.fixture
@@ -88,6 +94,11 @@ def test_r11_a_lock_wait_timeout_is_a_retryable_unavailable(mariadb: Database) -
         (8028, Unavailable, True),  # TiDB: information schema changed (after DDL)
         (1205, Unavailable, True),  # lock wait timeout
         (2013, Unavailable, None),  # lost connection: not known to be retryable
+        (1142, Permission, None),  # table command denied to the account
+        (1143, Permission, None),  # column command denied
+        (1044, Permission, None),  # access denied to the database
+        (1045, Permission, None),  # login refused (wrong user or password)
+        (1227, Permission, None),  # a privilege (SUPER, ...) missing
     ],
 )
 def test_r11_engine_error_numbers_map_to_typed_errors(
@@ -97,3 +108,66 @@ def test_r11_engine_error_numbers_map_to_typed_errors(
     assert type(error) is kind
     assert error.details["errno"] == errno
     assert error.details.get("retryable") is retryable
+
+
+@contextmanager
+def account(server: Server, database_url: str, grant: str | None) -> Iterator[str]:
+    """A real MariaDB account of its own (unique name) holding only ``grant`` on the
+    database of ``database_url``: the URL it connects with. Dropped after."""
+    name, password = "cl_" + secrets.token_hex(5), secrets.token_hex(8)
+    database = make_url(database_url).database
+    with server.connect() as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE USER '{name}'@'%' IDENTIFIED BY '{password}'")
+        if grant is not None:
+            cur.execute(f"GRANT {grant} ON `{database}`.* TO '{name}'@'%'")
+    try:
+        url = make_url(database_url).set(username=name, password=password)
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with server.connect() as conn, conn.cursor() as cur:
+            cur.execute(f"DROP USER IF EXISTS '{name}'@'%'")
+
+
+def _head(db: Database) -> tuple[int, int]:
+    with db.engine.connect() as conn:
+        position = conn.exec_driver_sql("SELECT position FROM ledger_head").scalar_one()
+        events = conn.exec_driver_sql("SELECT COUNT(*) FROM ledger_events").scalar_one()
+    return int(position), int(events)
+
+
+def test_r11_a_write_by_a_select_only_account_is_permission_exit_7(
+    mariadb: Database, mysql_server: Server, mysql_url: str
+) -> None:
+    """1142 (INSERT/UPDATE command denied): the account may read, not write."""
+    before = _head(mariadb)
+    with account(mysql_server, mysql_url, "SELECT") as url:
+        code, status = cli_json("--db", url, "status")
+        assert code == 0 and status["head"] == before[0]  # reading is granted
+        code, error = cli_json("--db", url, "credentials", "issue", "integration:a")
+        assert (code, error["error"]) == (7, "PERMISSION"), error
+        assert error["details"]["errno"] == 1142, error
+        assert "command denied" in error["message"], error
+    assert _head(mariadb) == before  # nothing written
+
+
+def test_r11_a_wrong_password_is_permission_exit_7(
+    mariadb: Database, mysql_server: Server, mysql_url: str
+) -> None:
+    """1045: the server is up and refuses the login; not UNAVAILABLE "server down"."""
+    with account(mysql_server, mysql_url, "ALL") as url:
+        wrong = make_url(url).set(password="not-" + (make_url(url).password or ""))
+        code, error = cli_json("--db", wrong.render_as_string(hide_password=False), "status")
+    assert (code, error["error"]) == (7, "PERMISSION"), error
+    assert error["details"]["errno"] == 1045, error
+    assert "Access denied" in error["message"], error
+    assert "not-" not in str(error)  # the password is never printed
+
+
+def test_r11_an_account_without_grants_on_the_database_is_permission_exit_7(
+    mariadb: Database, mysql_server: Server, mysql_url: str
+) -> None:
+    """1044: the login works, the database is not this account's."""
+    with account(mysql_server, mysql_url, None) as url:
+        code, error = cli_json("--db", url, "status")
+    assert (code, error["error"]) == (7, "PERMISSION"), error
+    assert error["details"]["errno"] == 1044, error

@@ -502,3 +502,97 @@ def test_r22_proof_requests_outside_the_tree_are_invalid_input() -> None:
 def test_r22_a_corrupt_subtree_cache_cannot_yield_a_proof() -> None:
     with pytest.raises(MerkleProofError):
         merkle.inclusion_proof_from(lambda start, end: b"\x00" * 31, 0, 4)
+
+
+# -- proof files whose fields repeat each other ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def proof_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An inclusion proof of position 5 and a consistency proof from size 3, from a real
+    SQLite store, with the checkpoint they were made against (the check is offline: no
+    engine is involved in what these tests prove)."""
+    from tests.cli_inprocess import cli, cli_json
+    from tests.lifecycle_support import World
+
+    tmp = tmp_path_factory.mktemp("proofs")
+    world = World(tmp, f"sqlite:///{tmp / 'ledger.db'}")
+    try:
+        world.apply(world.official("sales", world.commit("sales", 1)))
+        world.apply(world.official("sales", world.commit("sales", 2)))
+        assert world.head() >= 7
+        checkpoint = tmp / "cp.txt"
+        checkpoint.write_text(cli("--db", world.url, "audit", "checkpoint").stdout)
+        inclusion = cli_json("--db", world.url, "audit", "prove", "--position", "5")[1]
+        other = cli_json("--db", world.url, "audit", "prove", "--position", "6")[1]
+        consistency = cli_json("--db", world.url, "audit", "prove", "--from-size", "3")[1]
+    finally:
+        world.close()
+    return {
+        "folder": tmp,
+        "checkpoint": checkpoint,
+        "inclusion": inclusion,
+        "other": other,
+        "consistency": consistency,
+    }
+
+
+def _verify(files: dict[str, Any], document: dict[str, Any]) -> tuple[int, Any]:
+    from tests.cli_inprocess import cli_json
+
+    path = files["folder"] / "edited.json"
+    path.write_text(json.dumps(document))
+    return cli_json("audit", "verify-proof", str(path), "--checkpoint", str(files["checkpoint"]))
+
+
+ZERO_ROOT = base64.b64encode(bytes(32)).decode()
+
+
+@pytest.mark.parametrize(
+    ("kind", "edit", "fields"),
+    [
+        ("inclusion", {"position": 6}, ["position", "leaf_index"]),
+        ("inclusion", {"leaf_index": 5}, ["position", "leaf_index"]),
+        ("inclusion", {"position": 4}, ["position", "leaf_index"]),
+        ("inclusion", {"tree_size": -1}, ["tree_size", "checkpoint.size"]),
+        ("inclusion", {"root": ZERO_ROOT}, ["root", "checkpoint.root"]),
+        ("inclusion", {"leaf_hash": "other"}, ["leaf_hash", "event_id"]),
+        ("inclusion", {"event_id": "other"}, ["leaf_hash", "event_id"]),
+        ("consistency", {"size2": -1}, ["size2", "checkpoint.size"]),
+        ("consistency", {"root2": ZERO_ROOT}, ["root2", "checkpoint.root"]),
+    ],
+)
+def test_r22_a_proof_field_that_disagrees_with_the_field_it_repeats_is_integrity_naming_both(
+    proof_files: dict[str, Any], kind: str, edit: dict[str, Any], fields: list[str]
+) -> None:
+    original = proof_files[kind]
+    assert _verify(proof_files, original)[0] == 0  # the unedited proof verifies
+    edited = dict(original)
+    for name, given_value in edit.items():
+        value = given_value
+        if given_value == "other":  # the same field of the proof of the next position
+            value = proof_files["other"][name]
+        elif given_value == -1:
+            value = original[name] - 1
+        assert value != original[name]
+        edited[name] = value
+    code, error = _verify(proof_files, edited)
+    assert (code, error["error"]) == (6, "INTEGRITY"), error
+    assert error["details"]["fields"] == fields, error
+    assert f"the proof's {fields[0]} and {fields[1]} disagree" in error["message"], error
+
+
+def test_r22_verify_proof_never_reports_a_position_its_proof_does_not_prove(
+    proof_files: dict[str, Any],
+) -> None:
+    """The issue's case (position 5 -> 6, leaf_index still 4), and the same claim made
+    consistently (position 6, leaf_index 5): that proof is not one of position 6."""
+    original = proof_files["inclusion"]
+    assert (original["position"], original["leaf_index"]) == (5, 4)
+    code, result = _verify(proof_files, original)
+    assert (code, result["position"]) == (0, 5)
+    code, error = _verify(proof_files, {**original, "position": 6})
+    assert code == 6 and "position 6 is not leaf_index 4 + 1" in error["message"], error
+    code, error = _verify(proof_files, {**original, "position": 6, "leaf_index": 5})
+    assert (code, error["error"]) == (6, "INTEGRITY"), error
+    assert "position" not in error.get("details", {}).get("fields", []), error

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -158,3 +159,61 @@ def test_r24_healthz_reports_the_schema_contract(world: World) -> None:
             d["object"] for d in health.json()["schema_differences"] if not d["safe"]
         ]
     store.close()
+
+
+def _store_version(world: World, value: object) -> None:
+    """Write ``ledger_meta.schema_version`` as ``value`` behind the store's back: a str on
+    SQLite is stored as TEXT (the column's BLOB affinity keeps what it is given)."""
+    if world.url.startswith("sqlite"):
+        conn = sqlite3.connect(world.url.removeprefix("sqlite:///"))
+        with conn:
+            conn.execute(
+                "UPDATE ledger_meta SET value = ? WHERE name = ?", (value, b"schema_version")
+            )
+        conn.close()
+        return
+    with world.db.write() as c:
+        c.execute(
+            sa.text("UPDATE ledger_meta SET value = :v WHERE name = :n"),
+            {"v": value, "n": b"schema_version"},
+        )
+
+
+@pytest.mark.parametrize("value", [b"two", b"2.0", b"-1", b"\xff\xfe"])
+def test_r24_a_non_integer_schema_version_is_integrity_naming_the_field(
+    world: World, value: bytes
+) -> None:
+    released(world)
+    _store_version(world, value)
+    before = world.tables()
+    for args in (("status",), ("init",), ("migrate",), ("audit", "verify"), ("log",)):
+        code, error = cli_json("--db", world.url, *args)
+        assert (code, error["error"]) == (6, "INTEGRITY"), (args, error)
+        assert "ledger_meta.schema_version" in error["message"], (args, error)
+        assert "view row" not in error["message"] and "rebuild" not in error["message"]
+    code, report = cli_json("--db", world.url, "doctor")
+    assert code == 6 and [d["object"] for d in report["differences"]] == [
+        "ledger_meta.schema_version"
+    ]
+    assert world.tables() == before
+
+
+def test_r24_a_schema_version_stored_as_text_is_integrity_naming_the_field(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    world = World(tmp_path, sqlite_url)
+    try:
+        released(world)
+        _store_version(world, "2")  # the right number, the wrong storage class
+        for args in (("status",), ("init",), ("migrate",), ("doctor",)):
+            code, error = cli_json("--db", world.url, *args)
+            if args == ("doctor",):
+                found = error["differences"][0]["found"]
+                assert code == 6 and found.startswith("a str value '2'"), error
+                continue
+            assert (code, error["error"]) == (6, "INTEGRITY"), (args, error)
+            assert "ledger_meta.schema_version" in error["message"], error
+            assert "a str value '2', where the schema declares binary" in error["message"], error
+            assert "view row" not in error["message"], error
+    finally:
+        world.close()

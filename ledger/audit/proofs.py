@@ -218,25 +218,60 @@ def _hex32(document: dict[str, Any], name: str) -> bytes:
     return value
 
 
+def _agree(
+    first: str, a: object, second: str, b: object, what: str, *, ok: bool | None = None
+) -> None:
+    """Two fields that repeat one fact must say the same (``ok``, by default ``a == b``):
+    INTEGRITY naming both."""
+    if a == b if ok is None else ok:
+        return
+    raise IntegrityFailure(
+        f"the proof's {first} and {second} disagree ({what}): a proof proves only what "
+        "all its fields say",
+        fields=[first, second],
+        **{first.replace(".", "_"): _shown(a), second.replace(".", "_"): _shown(b)},
+    )
+
+
+def _shown(value: object) -> object:
+    return b64(value) if isinstance(value, bytes) else value
+
+
 def verify_proof(document: dict[str, Any], cp: Checkpoint) -> ProofCheck:
     """Check a proof document against a checkpoint, offline (no database).
 
     A malformed document is INVALID naming its field; a well-formed proof that
-    does not check against the checkpoint is INTEGRITY (R22).
+    does not check against the checkpoint is INTEGRITY (R22). Every field that
+    repeats another (``position`` is ``leaf_index + 1``; ``tree_size``/``size2``
+    and ``root``/``root2`` are the checkpoint's size and root; ``leaf_hash`` is
+    the leaf hash of ``event_id``) is checked against it, so no field can claim
+    what the proof does not prove: a disagreement is INTEGRITY naming both.
     """
     kind = document.get("type")
     if kind == "inclusion":
         _typed_fields(document, kind)
-        if document["tree_size"] != cp.size:
-            raise IntegrityFailure(
-                "the proof is for another tree size than the checkpoint",
-                proof_size=document["tree_size"],
-                checkpoint_size=cp.size,
-            )
+        position, index = document["position"], document["leaf_index"]
+        _agree(
+            "position",
+            position,
+            "leaf_index",
+            index,
+            f"position {position} is not leaf_index {index} + 1",
+            ok=position == index + 1,
+        )
+        _agree("tree_size", document["tree_size"], "checkpoint.size", cp.size, "tree sizes")
+        root = unb64(document["root"], "root")
+        _agree("root", root, "checkpoint.root", cp.root, "root hashes")
         event_id = _hex32(document, "event_id")
         leaf = merkle.leaf_hash(event_id)
-        if leaf != unb64(document["leaf_hash"], "leaf_hash"):
-            raise IntegrityFailure("the leaf hash does not match the event id")
+        _agree(
+            "leaf_hash",
+            unb64(document["leaf_hash"], "leaf_hash"),
+            "event_id",
+            document["event_id"],
+            "leaf_hash is not the leaf hash of event_id",
+            ok=unb64(document["leaf_hash"], "leaf_hash") == leaf,
+        )
         merkle.verify_inclusion(
             document["leaf_index"],
             cp.size,
@@ -247,12 +282,9 @@ def verify_proof(document: dict[str, Any], cp: Checkpoint) -> ProofCheck:
         return {"ok": True, "type": kind, "position": document["position"], "size": cp.size}
     if kind == "consistency":
         _typed_fields(document, kind)
-        if document["size2"] != cp.size:
-            raise IntegrityFailure(
-                "the proof does not end at the checkpoint's size",
-                proof_size=document["size2"],
-                checkpoint_size=cp.size,
-            )
+        _agree("size2", document["size2"], "checkpoint.size", cp.size, "tree sizes")
+        root2 = unb64(document["root2"], "root2")
+        _agree("root2", root2, "checkpoint.root", cp.root, "root hashes")
         merkle.verify_consistency(
             document["size1"],
             cp.size,

@@ -27,7 +27,12 @@ def init(as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--repair", is_flag=True, help="Restore the safe differences (missing indexes).")
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Restore what the log can rebuild: missing indexes and derived tables (their "
+    "views rebuilt), and the head row once the chain verifies.",
+)
 @json_option
 def doctor(repair: bool, as_json: bool) -> int:
     """Compare the live schema with the declared one; exit 6 on an unsafe difference,

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
-from domain.errors import Conflict, InvalidInput, LedgerError, Unavailable
+from domain.errors import Conflict, InvalidInput, LedgerError, Permission, Unavailable
 from ledger.log.sqltypes import mysql_errors
 
 Dialect = Literal["sqlite", "mysql"]
@@ -45,7 +45,11 @@ _MYSQL_CONFLICTS = {1062, 1213, 9007, 8002, 8022}
 # TiDB's "information schema changed" (8028) after concurrent DDL.
 _MYSQL_RETRYABLE = {1205, 8028}
 # MySQL / MariaDB client/server errors that mean "cannot reach or use the server".
-_MYSQL_UNAVAILABLE = {1044, 1045, 1049, 2002, 2003, 2005, 2006, 2013, 2055}
+_MYSQL_UNAVAILABLE = {1049, 2002, 2003, 2005, 2006, 2013, 2055}
+# The server is up but refuses this account: access denied to a database (1044), a
+# login refused (1045: wrong user or password), a table or column command denied
+# (1142, 1143), a privilege missing (1227). PERMISSION (exit 7), never "server down".
+_MYSQL_PERMISSION = {1044, 1045, 1142, 1143, 1227}
 
 
 def _normalize(url_text: str) -> tuple[URL, Dialect]:
@@ -456,6 +460,10 @@ def translate(exc: BaseException) -> LedgerError:
                 driver_error=text,
                 errno=number,
                 retryable=True,
+            )
+        if number in _MYSQL_PERMISSION:
+            return Permission(
+                f"the MySQL server refused this account: {text}", driver_error=text, errno=number
             )
         if number == 1146:
             return InvalidInput(

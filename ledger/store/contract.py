@@ -8,14 +8,19 @@ index, and the schema version in ``ledger_meta``.
 
 A difference is *safe* when ``init`` (or ``doctor --repair``) can restore it
 without touching data: a missing secondary index, or a missing view table
-(views are rebuilt from the log). Everything else is unsafe, and every command
+(views are rebuilt from the log), or an extra column every insert can leave
+out (nullable or with a default). Everything else is unsafe, and every command
 but the few that only read files refuses to run on such a store (INTEGRITY,
-naming the difference) before it reads or writes anything else.
+naming the difference) before it reads or writes anything else: among them an
+extra ``NOT NULL`` column without a default (every insert into its table
+fails) and a ``ledger_head`` that is missing or does not name the last row of
+``ledger_events`` (``ledger.store.head``; ``doctor --repair`` rebuilds it from
+the log once the chain verifies).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +32,7 @@ from domain.errors import IntegrityFailure
 from ledger.log import tables as log_tables
 from ledger.log.db import Database, translate_errors
 from ledger.log.sqltypes import enc
+from ledger.store import head as head_row
 from ledger.store import migrations
 
 _LOG_TABLES = frozenset(t.name for t in log_tables.metadata.sorted_tables)
@@ -96,9 +102,16 @@ def differences(conn: Connection, dialect: str) -> list[Difference]:
     live_tables = set(inspector.get_table_names())
     found: list[Difference] = []
     version: int | None = log_tables.SCHEMA_VERSION
+    malformed = False
     if log_tables.meta.name in live_tables:
-        version, text = migrations.read_version(conn)
-        if version != log_tables.SCHEMA_VERSION:
+        try:
+            version, text = migrations.read_version(conn)
+        except IntegrityFailure as exc:  # not a version number at all
+            version, text, malformed = None, str(exc.details["found"]), True
+            found.append(
+                Difference(migrations.VERSION_FIELD, "a decimal version number", text, False)
+            )
+        if version != log_tables.SCHEMA_VERSION and not malformed:
             older = migrations.known(version)
             found.append(
                 Difference(
@@ -116,9 +129,28 @@ def differences(conn: Connection, dialect: str) -> list[Difference]:
         name = table.name
         if name not in live_tables:
             safe = name not in _LOG_TABLES  # a view is rebuilt from the log
-            found.append(Difference(f"table {name}", "present", "missing", safe))
+            missing = f"missing {REPAIR_HINT}" if repairable(name) and not safe else "missing"
+            found.append(Difference(f"table {name}", "present", missing, safe))
             continue
         columns = {c["name"]: c for c in inspector.get_columns(name)}
+        declared = {c.name for c in table.columns}
+        for extra, reflected in columns.items():
+            if extra in declared:
+                continue
+            blocking = not reflected.get("nullable", True) and reflected.get("default") is None
+            blocking = (
+                blocking and not reflected.get("computed") and not reflected.get("autoincrement")
+            )
+            found.append(
+                Difference(
+                    f"column {name}.{extra}",
+                    "absent",
+                    f"present, NOT NULL without a default: every insert into {name} fails"
+                    if blocking
+                    else "present (nullable or with a default: inserts still work)",
+                    not blocking,
+                )
+            )
         for column in table.columns:
             live = columns.get(column.name)
             if live is None:
@@ -161,7 +193,36 @@ def differences(conn: Connection, dialect: str) -> list[Difference]:
                 found.append(
                     Difference(f"index {index.name} on {name}", "present", "missing", True)
                 )
+    if _head_readable(found, live_tables):
+        check = head_row.read(conn)
+        if not check.ok:
+            found.append(Difference("ledger_head", check.expected(), check.found(), False))
     return found
+
+
+#: Missing tables ``doctor --repair`` creates: every derived one (the views, rebuilt
+#: from the log; the publisher's fragments and the Merkle subtree cache, refilled on
+#: demand) and the head row's table (its row rebuilt from the log).
+_REPAIRABLE_LOG_TABLES = frozenset((log_tables.head.name, log_tables.merkle.name))
+
+
+def repairable(table: str) -> bool:
+    return table not in _LOG_TABLES or table in _REPAIRABLE_LOG_TABLES
+
+
+REPAIR_HINT = head_row.REPAIR_HINT
+
+
+def _head_readable(found: list[Difference], live_tables: set[str]) -> bool:
+    """Both tables are there with every declared column: the head can be compared."""
+    names = (log_tables.events.name, log_tables.head.name)
+    if not all(n in live_tables for n in names):
+        return False
+    return not any(
+        d.object.startswith((f"column {n}.", f"table {n}")) and not d.safe
+        for d in found
+        for n in names
+    )
 
 
 def check(db: Database) -> list[Difference]:
@@ -194,25 +255,92 @@ def require(db: Database, *, allow_older: bool = False) -> None:
 
 
 def repair(db: Database) -> list[Difference]:
-    """Restore the safe differences (missing secondary indexes) under the migration lock,
-    then diff again. Missing view tables are created by ``init`` itself."""
-    missing = [d for d in check(db) if d.safe and d.object.startswith("index ")]
-    if missing:
+    """Restore what ``doctor --repair`` can restore from the log, then diff again.
+
+    Under the migration lock: every missing derived table (views, the publisher's
+    fragments, the Merkle subtree cache) and ``ledger_head`` are created, and every
+    missing secondary index. Then a head row that is missing or does not name the last
+    stored row is rebuilt, once every event id and chain link up to that row verifies
+    (a broken chain: INTEGRITY naming the position, nothing written), and every view
+    whose table was lost is rebuilt from the log.
+    """
+    found = check(db)
+    lost = {
+        d.object.removeprefix("table ")
+        for d in found
+        if d.object.startswith("table ") and d.found.startswith("missing")
+    }
+    tables = [t for t in declared_tables() if t.name in lost and repairable(t.name)]
+    indexes = {d.object for d in found if d.safe and d.object.startswith("index ")}
+    if tables or indexes:
         with translate_errors(), migration_lock(db) as conn:
+            for table in tables:
+                table.create(conn, checkfirst=True)
+            inspector = sa.inspect(conn)
             live = {
                 (t, tuple(i["column_names"]))
-                for t in sa.inspect(conn).get_table_names()
-                for i in sa.inspect(conn).get_indexes(t)
+                for t in inspector.get_table_names()
+                for i in inspector.get_indexes(t)
             }
-            named = {d.object for d in missing}
             for table in declared_tables():
                 for index in table.indexes:
-                    if f"index {index.name} on {table.name}" not in named:
+                    if f"index {index.name} on {table.name}" not in indexes:
                         continue
                     if (table.name, tuple(c.name for c in index.columns)) not in live:
                         index.create(conn, checkfirst=True)
         db.engine.dispose()  # DDL ran: later work uses fresh connections
+    if any(d.object == "ledger_head" for d in found) or log_tables.head.name in lost:
+        rebuild_head(db)
+    rebuild_lost_views(db, {t.name for t in tables})
     return check(db)
+
+
+def rebuild_head(db: Database) -> None:
+    """The head row rebuilt from the log in one write transaction (``ledger.store.head``),
+    the schema first checked: nothing else may differ unsafely in the log's tables."""
+    log = (log_tables.events.name, log_tables.head.name)
+    blocking = [
+        d
+        for d in check(db)
+        if not d.safe
+        and d.object != "ledger_head"
+        and (d.object == migrations.VERSION_FIELD or any(n in d.object for n in log))
+    ]
+    if blocking:
+        return  # reported by the diff after repair; the head waits for a sound schema
+    from ledger.log.recorder import LedgerRecorder
+
+    with db.write() as conn:
+        head_row.rebuild(conn, LedgerRecorder(db))
+
+
+def lost_view_tables(db: Database) -> set[str]:
+    """The view and derived tables missing from the store right now."""
+    with translate_errors(), db.engine.connect() as conn:
+        live = set(sa.inspect(conn).get_table_names())
+    return {t.name for t in declared_tables() if t.name not in live and t.name not in _LOG_TABLES}
+
+
+def rebuild_lost_views(db: Database, tables: set[str], *, skip: Sequence[str] = ()) -> list[str]:
+    """Rebuild from the log every view one of whose ``tables`` was lost (and just
+    recreated, empty): the names rebuilt. Views with no state yet get one first."""
+    from ledger.store.runtime import Ledger
+    from projections.framework import state_table
+    from projections.registry import ALL_PROJECTIONS
+
+    names = [p.name for p in ALL_PROJECTIONS if any(t.physical.name in tables for t in p.tables)]
+    states = {state_table.name} & tables  # every view's state row was lost with it
+    if not names and not states:
+        return []
+    ledger = Ledger(db)
+    with db.write() as conn:
+        created = ledger.runner.ensure_states(conn)
+    chosen = [n for n in dict.fromkeys([*names, *created]) if n not in skip]
+    with db.read() as conn:
+        empty = ledger.recorder.head_in(conn).position == 0
+    if chosen and not empty:
+        ledger.runner.rebuild(db, chosen)
+    return chosen
 
 
 @contextmanager

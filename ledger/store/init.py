@@ -19,7 +19,7 @@ from domain.digests import ZERO_CHAIN
 from domain.errors import InvalidInput
 from ledger.log import tables as schema
 from ledger.log.db import Database, translate_errors
-from ledger.log.sqltypes import dec, enc
+from ledger.log.sqltypes import enc
 from ledger.store import migrations
 from ledger.store.runtime import Ledger
 from projections.registry import public_views
@@ -72,10 +72,16 @@ class StoreInfo:
 
 def init_store(db: Database) -> StoreInfo:
     """Create the schema if missing (idempotent) and report engine and version."""
+    from ledger.store import contract
+
     with translate_errors():
-        existed = sa.inspect(db.engine).has_table(schema.head.name)
+        live = set(sa.inspect(db.engine).get_table_names())
+        existed = bool({schema.head.name, schema.events.name} & live)
+        lost: set[str] = set()
         if existed:
             _require_known_version(db)  # before any DDL: an older store is migrated first
+            _require_head(db)  # and a head is never created over existing events
+            lost = contract.lost_view_tables(db)
         for md in all_metadata():
             try:
                 md.create_all(db.engine, checkfirst=True)
@@ -85,16 +91,14 @@ def init_store(db: Database) -> StoreInfo:
         _create_views(db)
         db.engine.dispose()  # DDL may have run: reconnect (TiDB: "schema changed" otherwise)
         with db.write() as conn:
-            stored = conn.execute(
-                sa.select(schema.meta.c.value).where(schema.meta.c.name == enc("schema_version"))
-            ).scalar()
+            stored, text = migrations.read_version(conn)
             if stored is None:
                 conn.execute(
                     schema.meta.insert(),
                     {"name": enc("schema_version"), "value": enc(str(schema.SCHEMA_VERSION))},
                 )
             else:
-                migrations.require_current(migrations.parse_version(stored), dec(stored))
+                migrations.require_current(stored, text)
             store_id = conn.execute(
                 sa.select(schema.meta.c.value).where(schema.meta.c.name == enc("store_id"))
             ).scalar()
@@ -108,8 +112,6 @@ def init_store(db: Database) -> StoreInfo:
                 conn.execute(schema.head.insert(), {"id": 1, "position": 0, "chain": ZERO_CHAIN})
                 position = 0
             version = server_version(db, conn)
-        from ledger.store import contract
-
         contract.repair(db)  # safe differences (missing indexes) under the migration lock
         contract.require(db)  # and an unsafe one refuses the store
         ledger = Ledger(db)
@@ -118,6 +120,9 @@ def init_store(db: Database) -> StoreInfo:
         if created_views and position:
             # Views added to an existing log are built from it before first use.
             ledger.runner.rebuild(db, created_views)
+        if lost and position:
+            # A view whose table was lost (and just recreated, empty) is rebuilt.
+            contract.rebuild_lost_views(db, lost, skip=created_views)
     return StoreInfo(
         engine=db.dialect,
         server_version=version,
@@ -142,6 +147,25 @@ def _require_known_version(db: Database) -> None:
         migrations.require_current(version, text)
 
 
+def _require_head(db: Database) -> None:
+    """Refuse (INTEGRITY naming ledger_head) a store whose head row is missing or does
+    not name the last stored row while events exist: ``init`` would start a second log
+    over them. A head row missing over an empty log is an interrupted ``init``."""
+    from ledger.store import head
+
+    with db.engine.connect() as conn:
+        live = set(sa.inspect(conn).get_table_names())
+        if schema.events.name not in live:
+            return
+        if schema.head.name not in live:
+            if head.has_events(conn):
+                raise head.refuse(None)
+            return
+        check = head.read(conn)
+        if not check.ok and not (check.head is None and check.last[0] == 0):
+            raise head.refuse(check)
+
+
 def _create_views(db: Database) -> None:
     existing = set(sa.inspect(db.engine).get_view_names())
     for name, sql in public_views():
@@ -163,7 +187,8 @@ def server_version(db: Database, conn: sa.Connection) -> str:
 def require_schema(db: Database) -> None:
     """Fail with a clear message when ``init`` has not been run on this store."""
     with translate_errors():
-        if not sa.inspect(db.engine).has_table(schema.head.name):
+        live = set(sa.inspect(db.engine).get_table_names())
+        if not {schema.head.name, schema.events.name} & live:  # else: the contract names it
             raise InvalidInput(
                 "the database has no Catalog Ledger schema; run `catalog-ledger init` first",
                 field="db",

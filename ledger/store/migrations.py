@@ -90,6 +90,10 @@ MigrateResult = TypedDict(
 )
 
 
+#: The stored field that holds the schema version, as errors name it.
+VERSION_FIELD = "ledger_meta.schema_version"
+
+
 def parse_version(stored: bytes | None) -> int | None:
     """The stored schema version, ``None`` when absent or not a version number."""
     if stored is None:
@@ -99,11 +103,36 @@ def parse_version(stored: bytes | None) -> int | None:
 
 
 def read_version(conn: Connection) -> tuple[int | None, str]:
-    """(the stored version or ``None`` if unreadable, the stored text for messages)."""
+    """(the stored version, or ``None`` when the row is absent; the stored text).
+
+    A value that is not a decimal version number stored as bytes (TEXT or a number
+    written by a hand edit, any other text) is INTEGRITY naming the field: the row
+    was edited outside the store; no view rebuild can repair it.
+    """
     stored = conn.execute(
         sa.select(log_tables.meta.c.value).where(log_tables.meta.c.name == _VERSION_KEY)
     ).scalar()
-    return parse_version(stored), "none" if stored is None else dec(stored)
+    if stored is None:
+        return None, "none"
+    if not isinstance(stored, bytes | bytearray | memoryview):
+        raise malformed_version(
+            f"a {type(stored).__name__} value {stored!r}, where the schema declares binary"
+        )
+    text = bytes(stored).decode("utf-8", errors="backslashreplace")
+    if not (text.isascii() and text.isdigit() and len(text) < 10):
+        raise malformed_version(f"{text!r}, which is not a decimal version number")
+    return int(text), text
+
+
+def malformed_version(found: str) -> IntegrityFailure:
+    return IntegrityFailure(
+        f"{VERSION_FIELD} holds {found}: the row was edited outside the store (it is "
+        "not derived from the log: restore it from a backup, or write the version the "
+        "store's tables have)",
+        rule="R24",
+        field=VERSION_FIELD,
+        found=found,
+    )
 
 
 def known(version: int | None) -> bool:
@@ -136,6 +165,7 @@ def unknown_version(text: str) -> IntegrityFailure:
         f"(it knows {FIRST_VERSION} to {log_tables.SCHEMA_VERSION}); a newer store is "
         "never downgraded",
         rule="R24",
+        field=VERSION_FIELD,
         found=text,
         expected=log_tables.SCHEMA_VERSION,
     )
