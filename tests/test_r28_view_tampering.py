@@ -199,6 +199,10 @@ def edits(url: str, *, sqlite: bool) -> list[Edit]:
                         if sqlite:
                             out.append(Edit(table.name, f"retype {column.name}"))
                 out += [Edit(table.name, "delete"), Edit(table.name, "insert")]
+        # Edits a bit flip cannot make: an attempt shown as preparing, and (the issue's
+        # finding) an audience's grant and audience rows lost while the log serves it.
+        out += [Edit("view_pack_generation", "set status preparing")]
+        out += [Edit("view_catalog_grant", "lose audience app:one")]
         out += [Edit("projection_state", "edit stopped", True)]
         out += [Edit("projection_state", "edit code_version", True)]
         return out
@@ -250,7 +254,19 @@ def apply_edit(url: str, edit: Edit) -> None:
             key = [c.name for c in table.primary_key.columns]
             where = sa.and_(*(table.c[k] == row[k] for k in key))
             verb, _, column = edit.what.partition(" ")
-            if verb == "delete":
+            if verb == "set":
+                column, text = column.split()
+                conn.execute(table.update().where(where).values({column: text.encode()}))
+            elif verb == "lose":
+                kind, ident = column.split(":")
+                for name in ("view_catalog_grant", "view_catalog_audience"):
+                    t = next(t for t in _tables() if t.name == name)
+                    conn.execute(
+                        t.delete().where(
+                            t.c.audience_kind == kind.encode(), t.c.audience_id == ident.encode()
+                        )
+                    )
+            elif verb == "delete":
                 conn.execute(table.delete().where(where))
             elif verb == "edit":
                 for attempt in range(3):
