@@ -193,6 +193,48 @@ def test_r26_missing_malformed_and_unknown_tokens_are_401_with_a_bearer_challeng
     assert own.status_code == 200
 
 
+def test_r26_a_repeated_authorization_header_is_400_naming_it(
+    app_client: tuple[Served, TestClient],
+) -> None:
+    # "The first one wins" would let a proxy (judging the last) and this server disagree
+    # about who is calling: two headers are refused, whatever they hold, before any lookup.
+    served, client = app_client
+    crm, erp = served.tokens["app:crm"], served.tokens["integration:erp-sync"]
+    pairs = [
+        (f"Bearer {crm}", f"Bearer {erp}"),  # two audiences
+        (f"Bearer {crm}", f"Bearer {crm}"),  # the same token twice
+        (f"Bearer {crm}", ""),  # one empty
+    ]
+    for first, second in pairs:
+        for route in (path("app:crm"), "/v1/catalog/head"):
+            answer = client.get(
+                route, headers=[("authorization", first), ("authorization", second)]
+            )
+            assert answer.status_code == 400, (route, answer.text)
+            body = answer.json()
+            assert body["error"] == "INVALID"
+            assert body["details"] == {"field": "Authorization"}
+            assert "Authorization header is repeated" in body["message"]
+            assert crm not in answer.text and erp not in answer.text
+    # One header still reads.
+    assert client.get(path("app:crm"), headers=bearer(crm)).status_code == 200
+
+
+def test_r26_a_trailing_slash_is_404_and_never_a_redirect_built_from_host(
+    app_client: tuple[Served, TestClient],
+) -> None:
+    served, client = app_client
+    crm = served.tokens["app:crm"]
+    for route in (path("app:crm") + "/", "/v1/catalog/head/", "/healthz/", "/metrics/"):
+        for headers in ({"host": "evil.example"}, {"host": "evil.example", **bearer(crm)}):
+            answer = client.get(route, headers=headers, follow_redirects=False)
+            assert answer.status_code == 404, (route, answer.status_code, answer.headers)
+            assert "location" not in answer.headers
+            assert answer.json()["error"] == "MISSING"
+    # The routes themselves still answer.
+    assert client.get("/v1/catalog/head", headers=bearer(crm)).status_code == 200
+
+
 def test_r26_revocation_bites_within_one_second_and_expiry_at_once(
     app_client: tuple[Served, TestClient], clocks: Clocks
 ) -> None:
