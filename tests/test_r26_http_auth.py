@@ -487,6 +487,26 @@ def test_r26_serve_no_auth_is_a_usage_error_off_loopback_and_auth_is_on_by_defau
         assert [a.state.auth_required for a in apps] == [True]
 
 
+def test_r26_serve_prints_an_ipv6_listen_address_in_brackets(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    hosts: list[str] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: hosts.append(kw["host"]))
+    for host, url in (
+        ("::1", "http://[::1]:0"),
+        ("::", "http://[::]:0"),
+        ("fe80::1%lo", "http://[fe80::1%25lo]:0"),
+        ("127.0.0.1", "http://127.0.0.1:0"),
+        ("localhost", "http://localhost:0"),
+    ):
+        code, answer = cli_json("--db", world.url, "serve", "--port", "0", "--host", host)
+        assert (code, answer.get("url")) == (0, url), answer
+    # uvicorn is given the bare address to bind.
+    assert hosts == ["::1", "::", "fe80::1%lo", "127.0.0.1", "localhost"]
+
+
 def test_r26_serve_no_auth_serves_every_audience_without_a_token(world: World) -> None:
     publish_and_issue(world)
     server = ServedStore(world.url)  # --no-auth on 127.0.0.1

@@ -80,6 +80,14 @@ def view(audience: str, min_revision: str | None, at_revision: str | None, as_js
     emit(as_json, live.to_json(), human)
 
 
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets (RFC 3986), ``[::1]``,
+    its zone's ``%`` encoded (RFC 6874, ``[fe80::1%25eth0]``)."""
+    if ":" not in host or host.startswith("["):
+        return host
+    return "[" + host.replace("%", "%25") + "]"
+
+
 def _port_is_free(host: str, port: int) -> None:
     """UNAVAILABLE (exit 1) now, naming the address, when nothing could listen there."""
     if port == 0:
@@ -222,7 +230,7 @@ def serve(
     if no_auth:
         auth = "none"
     listening = {
-        "url": f"{'https' if tls_cert is not None else 'http'}://{host}:{port}",
+        "url": f"{'https' if tls_cert is not None else 'http'}://{url_host(host)}:{port}",
         "db": store().db.display_url,
         "auth": auth,
     }
