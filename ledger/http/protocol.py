@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from ledger.http.limits import GuardedH11Protocol
 
 
-class NoDelayH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol on a connection with Nagle's algorithm off."""
+class NoDelayH11Protocol(GuardedH11Protocol):
+    """uvicorn's h11 protocol on a connection with Nagle's algorithm off (and the
+    header deadline and connection accounting of ``ledger.http.limits``)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         sock = transport.get_extra_info("socket")
