@@ -21,6 +21,30 @@ import time
 from types import TracebackType
 
 _START = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+_HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+
+
+def fresh_healthz(
+    port: int, *, host: str = "127.0.0.1", timeout: float = 2.0
+) -> tuple[int | None, float]:
+    """One ``GET /healthz`` on a new connection: (its status, or ``None`` when there was
+    no answer within ``timeout`` seconds; seconds from connect to the status line)."""
+    started = time.monotonic()
+    head = b""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(max(0.01, timeout - (time.monotonic() - started)))
+            sock.sendall(_HEALTHZ)
+            while b"\r\n" not in head:
+                chunk = sock.recv(256)
+                if not chunk:
+                    break
+                head += chunk
+    except OSError:
+        return None, time.monotonic() - started
+    parts = head.split(b" ")
+    status = int(parts[1]) if head.startswith(b"HTTP/1.1 ") and parts[1].isdigit() else None
+    return status, time.monotonic() - started
 
 
 class SlowClients:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from bench.attack import SlowClients
+from bench.attack import SlowClients, fresh_healthz
 from ledger.http.limits import HEADER_TIMEOUT, KEEP_ALIVE_TIMEOUT, default_max_connections
 from tests.cli_inprocess import cli_json
 from tests.cli_support import SCRIPT, free_port
@@ -63,21 +63,7 @@ class Server:
 
 def healthz(port: int, *, timeout: float = 2.0) -> tuple[int | None, float]:
     """One ``GET /healthz`` on a fresh connection: (status or None, seconds taken)."""
-    started = time.monotonic()
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-            sock.settimeout(max(0.01, timeout - (time.monotonic() - started)))
-            sock.sendall(REQUEST)
-            head = b""
-            while b"\r\n" not in head:
-                chunk = sock.recv(256)
-                if not chunk:
-                    break
-                head += chunk
-    except OSError:
-        return None, time.monotonic() - started
-    status = int(head.split(b" ")[1]) if head.startswith(b"HTTP/1.1 ") else None
-    return status, time.monotonic() - started
+    return fresh_healthz(port, timeout=timeout)
 
 
 def closed_after(sock: socket.socket, *, trickle: float | None, limit: float) -> float:
@@ -180,6 +166,16 @@ def test_r26_a_request_whose_headers_never_finish_is_closed_at_the_header_timeou
         sock.sendall(PARTIAL)
         seconds = closed_after(sock, trickle=0.1, limit=5)
     assert 0.1 <= seconds < 2.0, seconds
+
+
+def test_r26_a_header_block_over_16_kib_is_400_and_closed(server_factory: Any) -> None:
+    # The size limit beside the time limit (h11's, as README says): no buffering forever.
+    server = server_factory()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(PARTIAL + b"a" * (17 * 1024))
+        sock.settimeout(5)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 400 ")
+        assert closed_after(sock, trickle=None, limit=5) < 5
 
 
 def test_r26_an_idle_keep_alive_connection_is_closed_at_the_keep_alive_timeout(
