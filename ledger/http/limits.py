@@ -5,9 +5,12 @@ Two dangers, and what this module does about each:
 - A request whose headers never finish (the "slowloris" attack: a header byte now
   and then, never the blank line) holds its connection, and so a file descriptor,
   for ever: uvicorn times out only idle keep-alive connections, and any byte resets
-  that timer. ``GuardedH11Protocol`` gives every request ``header_timeout`` seconds,
-  from the moment the connection is ready for it (accepted, or its previous response
-  sent), to deliver its whole header block; then the connection is closed.
+  that timer. Every request has ``header_timeout`` seconds, from the moment its
+  connection is ready for it (accepted, or its previous response sent), to deliver
+  its whole header block; then the connection is closed, unanswered.
+  ``GuardedH11Protocol`` tells the guard when its connection waits and when it is
+  busy; one sweep per process (every ``header_timeout / 4`` seconds, at most 1 s)
+  closes the late ones, oldest first: no timer per request.
 - Enough such connections exhaust the descriptors: ``accept()`` fails with EMFILE.
   asyncio (3.11) then logs the error with a traceback for each of the up to
   ``backlog`` (2,048) accept attempts of one loop tick, and schedules as many
@@ -95,11 +98,13 @@ class _Connection(socket.socket):
     """An accepted client socket that tells the guard when it is closed, and how it
     is to be closed when the guard needs its descriptor."""
 
-    __slots__ = ("_evicted", "_guard", "_released", "evict")
+    __slots__ = ("_evicted", "_guard", "_released", "evict", "since")
 
     _guard: ConnectionGuard
     _released: bool
     _evicted: bool
+    #: When it began to wait for a request (monotonic seconds).
+    since: float
     #: Closes the connection at once (the protocol sets its transport's ``abort``);
     #: until then, a shutdown that its transport sees as the peer's end.
     evict: Callable[[], None]
@@ -136,10 +141,12 @@ class ConnectionGuard:
         #: Connections waiting for a request, by file descriptor, longest-waiting first.
         self._waiting: OrderedDict[int, _Connection] = OrderedDict()
         self._by_fd: dict[int, _Connection] = {}
-        #: Connections closed to make room (for tests and the benchmark), and those of
-        #: them whose descriptors are not free yet.
+        #: Connections closed to make room or at the header deadline (for tests and the
+        #: benchmark), and those of them whose descriptors are not free yet.
         self.evicted = 0
+        self.timed_out = 0
         self.evicting = 0
+        self._sweeper: asyncio.TimerHandle | None = None
         #: ``accept()`` failures for want of descriptors, and those not yet logged.
         self.accept_failures = 0
         self._unlogged = 0
@@ -147,17 +154,45 @@ class ConnectionGuard:
 
     # -- the loop's side ---------------------------------------------------------------
 
-    def adopt(self, listener: socket.socket, fd: int) -> _Connection:
+    def adopt(
+        self, listener: socket.socket, fd: int, loop: asyncio.AbstractEventLoop
+    ) -> _Connection:
         """The accepted descriptor ``fd`` as a counted connection, waiting for a request."""
         conn = _Connection(listener.family, listener.type, listener.proto, fileno=fd)
         conn._guard = self
         conn._released = False
         conn._evicted = False
         conn.evict = conn._shutdown
+        conn.since = self._monotonic()
         self.open += 1
         self._by_fd[fd] = conn
         self._waiting[fd] = conn
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self._sweep_every(), self._sweep, loop)
         return conn
+
+    def _sweep_every(self) -> float:
+        return min(1.0, max(0.05, self.header_timeout / 4))
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close the connections that have waited ``header_timeout`` seconds for a
+        request's headers (one timer per process, not one per request: the waiting
+        connections are in the order they began to wait)."""
+        self._sweeper = None
+        deadline = self._monotonic() - self.header_timeout
+        while self._waiting:
+            conn = next(iter(self._waiting.values()))
+            if conn.since > deadline:
+                break
+            self.timed_out += 1
+            self._close(self._waiting.popitem(last=False)[1])
+        if self.open:
+            self._sweeper = loop.call_later(self._sweep_every(), self._sweep, loop)
+
+    def _close(self, conn: _Connection) -> None:
+        self.evicting += 1
+        conn._evicted = True
+        conn.evict()
 
     def released(self, conn: _Connection) -> None:
         self.open -= 1
@@ -180,9 +215,7 @@ class ConnectionGuard:
             return False
         _, conn = self._waiting.popitem(last=False)
         self.evicted += 1
-        self.evicting += 1
-        conn._evicted = True
-        conn.evict()
+        self._close(conn)
         return True
 
     def accept_failed(self, exc: OSError) -> None:
@@ -217,9 +250,11 @@ class ConnectionGuard:
         self._waiting.pop(fd, None)
 
     def waiting(self, fd: int) -> None:
-        """The connection on ``fd`` waits for a request (again): evictable, newest."""
+        """The connection on ``fd`` waits for a request (again): evictable, newest, and
+        its headers due ``header_timeout`` seconds from now."""
         conn = self._by_fd.get(fd)
-        if conn is not None:
+        if conn is not None and not conn._evicted:
+            conn.since = self._monotonic()
             self._waiting[fd] = conn
             self._waiting.move_to_end(fd)
 
@@ -296,7 +331,7 @@ class GuardedEventLoop(asyncio.SelectorEventLoop):
             # At the cap, the connection that has waited longest for a request makes
             # room for this one (its descriptor is free the next loop iteration).
             room = not guard.full() or guard.make_room()
-            conn = guard.adopt(sock, fd)
+            conn = guard.adopt(sock, fd, self)
             conn.setblocking(False)
             self.create_task(
                 self._accept_connection2(  # type: ignore[attr-defined]
@@ -329,12 +364,11 @@ def guarded_loop() -> asyncio.AbstractEventLoop:
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for each request's headers
-    (``GUARD.header_timeout``), telling the guard when its connection waits for a
-    request and when it is busy with one."""
+    """uvicorn's h11 protocol, telling ``GUARD`` when its connection waits for a request
+    (its headers are then due within ``header_timeout``; the guard closes it otherwise)
+    and when it is busy with one (it is then not closed to make room)."""
 
     _fd = -1
-    _deadline: asyncio.TimerHandle | None = None
     _started: object = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -342,35 +376,17 @@ class GuardedH11Protocol(H11Protocol):
         sock = transport.get_extra_info("socket")
         self._fd = sock.fileno() if sock is not None else -1
         GUARD.bind(self._fd, transport.abort)
-        self._wait_for_request()
-
-    def _wait_for_request(self) -> None:
         self._started = self.cycle
         GUARD.waiting(self._fd)
-        if self._deadline is not None:
-            self._deadline.cancel()
-        self._deadline = self.loop.call_later(GUARD.header_timeout, self._headers_too_late)
-
-    def _headers_too_late(self) -> None:
-        self._deadline = None
-        if self.cycle is self._started and not self.transport.is_closing():
-            self.transport.abort()  # no answer: a slow client is not worth one
 
     def handle_events(self) -> None:
         super().handle_events()
-        if self.cycle is not self._started and self._deadline is not None:
-            # A request's headers arrived: it is being answered.
-            self._deadline.cancel()
-            self._deadline = None
+        if self.cycle is not self._started:  # a request's headers arrived: it is answered
+            self._started = self.cycle
             GUARD.busy(self._fd)
 
     def on_response_complete(self) -> None:
         if not self.transport.is_closing():
-            self._wait_for_request()  # before a pipelined request is handled
+            self._started = self.cycle
+            GUARD.waiting(self._fd)  # before a pipelined request is handled
         super().on_response_complete()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-        super().connection_lost(exc)
