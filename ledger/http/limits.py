@@ -29,9 +29,11 @@ Two dangers, and what this module does about each:
   ``LOG_EVERY`` seconds with how many there were.
 - Everything is per process: with ``serve --workers N`` each worker has these limits.
 
-The loop is uvicorn's ``loop`` setting (``guarded_loop``) and the protocol its
-``http`` setting; both read one ``ConnectionGuard`` per process (``GUARD``), set by
+The loop is uvicorn's ``loop`` setting (``guarded_loop``) and the protocol
+(``ledger.http.protocol.GuardedH11Protocol``) its ``http`` setting; both read one
+``ConnectionGuard`` per process (``GUARD``), set by
 ``configure`` (or ``configure_from_environment`` in the workers of ``--workers N``).
+This module imports no HTTP server (the CLI reads its defaults).
 """
 
 from __future__ import annotations
@@ -47,8 +49,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
-
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 #: Seconds a request has to deliver its whole header block (``serve --header-timeout``).
 HEADER_TIMEOUT = 10.0
@@ -361,32 +361,3 @@ def guarded_loop() -> asyncio.AbstractEventLoop:
     """uvicorn's loop factory for ``serve`` (``loop="ledger.http.limits:guarded_loop"``)."""
     configure_from_environment()
     return GuardedEventLoop()
-
-
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, telling ``GUARD`` when its connection waits for a request
-    (its headers are then due within ``header_timeout``; the guard closes it otherwise)
-    and when it is busy with one (it is then not closed to make room)."""
-
-    _fd = -1
-    _started: object = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        sock = transport.get_extra_info("socket")
-        self._fd = sock.fileno() if sock is not None else -1
-        GUARD.bind(self._fd, transport.abort)
-        self._started = self.cycle
-        GUARD.waiting(self._fd)
-
-    def handle_events(self) -> None:
-        super().handle_events()
-        if self.cycle is not self._started:  # a request's headers arrived: it is answered
-            self._started = self.cycle
-            GUARD.busy(self._fd)
-
-    def on_response_complete(self) -> None:
-        if not self.transport.is_closing():
-            self._started = self.cycle
-            GUARD.waiting(self._fd)  # before a pipelined request is handled
-        super().on_response_complete()
