@@ -7,6 +7,7 @@ SQLite and MariaDB.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -505,6 +506,14 @@ def test_r26_serve_prints_an_ipv6_listen_address_in_brackets(
         assert (code, answer.get("url")) == (0, url), answer
     # uvicorn is given the bare address to bind.
     assert hosts == ["::1", "::", "fe80::1%lo", "127.0.0.1", "localhost"]
+    # A busy IPv6 port is named the same way (UNAVAILABLE, exit 1).
+    with socket.socket(socket.AF_INET6) as busy:
+        busy.bind(("::1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, error = cli_json("--db", world.url, "serve", "--port", str(port), "--host", "::1")
+    assert (code, error["error"]) == (1, "UNAVAILABLE"), error
+    assert error["message"].startswith(f"cannot listen on [::1]:{port}: "), error
 
 
 def test_r26_serve_no_auth_serves_every_audience_without_a_token(world: World) -> None:

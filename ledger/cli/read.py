@@ -96,7 +96,9 @@ def _port_is_free(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
-        raise Unavailable(f"cannot listen on {host}:{port}: {exc}", host=host, port=port) from None
+        raise Unavailable(
+            f"cannot listen on {url_host(host)}:{port}: {exc}", host=host, port=port
+        ) from None
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
@@ -104,7 +106,9 @@ def _port_is_free(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             raise Unavailable(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc}", host=host, port=port
+                f"cannot listen on {url_host(host)}:{port}: {exc.strerror or exc}",
+                host=host,
+                port=port,
             ) from None
 
 
