@@ -31,5 +31,9 @@ test: lint
 campaign: $(STAMP)
 	$(BIN)/python -m pytest -q -s -m campaign tests
 
+# Every benchmark at reduced size, one table of their SUMMARY lines (bench/all.py).
+bench: $(STAMP)
+	$(BIN)/python -m bench.all --quick
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache demo-work

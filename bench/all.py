@@ -41,7 +41,7 @@ BENCHES: list[tuple[str, list[str], int, int]] = [
     (
         "http",
         ["--seconds", "1", "--repeat", "3", "--workers", "1", "--audiences", "50"],
-        90,
+        150,  # with the /healthz-under-attack figure (about 10 s per engine)
         3600,
     ),
     ("cli", ["--repeat", "5", "--warmup", "1"], 120, 600),

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pymysql
 from sqlalchemy.engine import make_url
 
@@ -61,6 +60,10 @@ def free_port() -> int:
 
 
 def wait_http(base: str) -> None:
+    """Wait for a server's /healthz to answer (httpx imported here: only the HTTP
+    benches need it, the others run without it)."""
+    import httpx
+
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

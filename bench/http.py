@@ -24,9 +24,17 @@ the two servers alternate (serve, peer, serve, peer, ...). Reported for
 ``--workers`` 1 and 2 (both servers at the same worker count): reads/s, p99 and
 the serve/peer ratio of reads/s.
 
+Under attack (issue 25.1): `serve` (one worker) under ``ulimit -n --nofile`` (256),
+and ``/healthz`` on a fresh connection, one after another for ``--seconds``: quiet,
+then while ``--slow-clients`` (300) connections send headers that never finish
+(``bench.attack.SlowClients``, reconnecting when dropped), alternating. Reported:
+the p99 latency of each (median of ``--repeat``), and how many probes were not 200
+within 2 s. ``--slow-clients 0`` skips it.
+
 Usage:
   python -m bench.http [--engines sqlite,mariadb] [--seconds 5] [--repeat 3]
                        [--workers 1,2] [--connections 32] [--audiences 200]
+                       [--slow-clients 300] [--nofile 256]
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from urllib.parse import quote
 
 import httpx
 
+from bench.attack import SlowClients, fresh_healthz
 from bench.common import (
     DEFAULT_MYSQL,
     durability,
@@ -296,7 +305,70 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> lis
                 peer_value=peer_rate,
                 target=">=0.7",
             )
+    if args.slow_clients:
+        rows.append(under_attack(label, url, args))
     return rows
+
+
+def _probe(port: int, seconds: float) -> tuple[list[float], int]:
+    """``/healthz`` on fresh connections, back to back for ``seconds``: the latencies
+    (ms) of those answered 200 within 2 s, and how many were not."""
+    latencies, failed = [], 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        status, took = fresh_healthz(port, timeout=2.0)
+        if status == 200:
+            latencies.append(took * 1000)
+        else:
+            failed += 1
+        time.sleep(0.01)
+    return latencies, failed
+
+
+def _p99(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[int(0.99 * (len(ordered) - 1))] if ordered else float("nan")
+
+
+def under_attack(label: str, url: str, args: argparse.Namespace) -> str:
+    """``/healthz`` p99 quiet and under ``--slow-clients`` slow clients, ``ulimit -n``."""
+    port = free_port()
+    serve = [CLI, "--db", url, "serve", "--port", str(port), "--log-level", "warning"]
+    command = ["sh", "-c", f'ulimit -n {int(args.nofile)} && exec "$@"', "sh", *serve]
+    quiet: list[float] = []
+    attacked: list[float] = []
+    failed = {"quiet": 0, "attack": 0}
+    with _server(command, {}, port):
+        _probe(port, 1.0)  # warm-up
+        for _ in range(max(1, args.repeat)):
+            samples, bad = _probe(port, args.seconds)
+            quiet.append(_p99(samples))
+            failed["quiet"] += bad
+            with SlowClients("127.0.0.1", port, args.slow_clients) as attack:
+                attack.wait_connected()
+                samples, bad = _probe(port, args.seconds)
+            attacked.append(_p99(samples))
+            failed["attack"] += bad
+    quiet_p99, attack_p99 = statistics.median(quiet), statistics.median(attacked)
+    line = (
+        f"  {label:<8} /healthz under {args.slow_clients} slow clients (ulimit -n "
+        f"{args.nofile}): p99 {attack_p99:7.2f} ms   quiet p99 {quiet_p99:6.2f} ms   "
+        f"not 200 within 2 s: {failed['attack']} under attack, {failed['quiet']} quiet"
+    )
+    print(line, flush=True)
+    summary(
+        bench="http",
+        figure=f"/healthz p99 under {args.slow_clients} slow clients, ulimit -n {args.nofile}",
+        engine=label.lower(),
+        workers=1,
+        value=attack_p99,
+        unit="ms",
+        peer="quiet /healthz p99",
+        peer_value=quiet_p99,
+        target="value<=2000",
+        not_200=failed["attack"],
+    )
+    return line
 
 
 def _load(
@@ -324,6 +396,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--audiences", type=int, default=200)
     parser.add_argument("--python-load", action="store_true", help="Use the Python generator.")
+    parser.add_argument("--slow-clients", type=int, default=300, help="0: no attack figure.")
+    parser.add_argument("--nofile", type=int, default=256, help="`ulimit -n` under attack.")
     parser.add_argument("--mysql-url", default=DEFAULT_MYSQL)
     args = parser.parse_args()
     engines = args.engines.split(",")

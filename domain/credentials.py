@@ -146,25 +146,24 @@ def token_digest(token: str) -> bytes:
 
 
 def parse_duration(text: object, *, field: str = "expires_in") -> int | None:
-    """Seconds of ``90d``, ``12h``, ``30m`` or ``3600s``; ``None`` for ``never``."""
+    """Seconds of ``90d``, ``12h``, ``30m`` or ``3600s``; ``None`` for ``never``.
+
+    Every value that is not one of these, from 1s to ``MAX_EXPIRES_IN_SECONDS``, gets
+    the one message (zero, negative, too large, not a number, too many digits alike)."""
     if not isinstance(text, str):
         raise InvalidInput(f"{field} must be a string", field=field)
     if text == "never":
         return None
     found = _DURATION.fullmatch(text)
-    if found is None:
+    seconds = 0 if found is None else int(found.group(1)) * _UNITS[found.group(2)]
+    if not 1 <= seconds <= MAX_EXPIRES_IN_SECONDS:
+        shown = text if len(text) <= 40 else text[:40] + "..."
         raise InvalidInput(
-            f"{field} must be a positive duration like 90d, 12h, 30m or 3600s, or never; "
-            f"got {text[:40]!r}",
+            f"{field} must be a whole number of days, hours, minutes or seconds from 1s to "
+            f"{MAX_EXPIRES_IN_SECONDS // 86_400}d, like 90d, 12h, 30m or 3600s, or never; "
+            f"got {shown!r}",
             field=field,
-            value=text[:40],
-        )
-    seconds = int(found.group(1)) * _UNITS[found.group(2)]
-    if seconds > MAX_EXPIRES_IN_SECONDS:
-        raise InvalidInput(
-            f"{field} must be at most {MAX_EXPIRES_IN_SECONDS // 86_400}d (or never); got {text!r}",
-            field=field,
-            value=text,
+            value=shown,
         )
     return seconds
 

@@ -1659,8 +1659,8 @@ def check_http(method: str, status: int, body: bytes, what: str) -> str:
     assert status < 500 or status == 500, f"{what}: HTTP {status} {body[:500]!r}"
     if status in (200, 304) or method == "HEAD":
         return f"HTTP {status}"
-    if status == 307:  # the framework's trailing-slash redirect to the canonical path
-        return f"HTTP {status}"
+    # No redirect ever (issue 25.2: none is built from the client's Host header).
+    assert not 300 <= status < 400, f"{what}: HTTP {status} redirect"
     try:
         document = json.loads(body)
     except ValueError:

@@ -128,7 +128,11 @@ def test_r26_durations_are_days_hours_minutes_seconds_or_never(
 
 @pytest.mark.parametrize(
     "text",
-    ["", "0s", "090d", "1.5h", "10y", "90 d", " 90d", "1d2h", "-1d", "NEVER", "٣s", "36501d"],
+    [
+        *("", "0s", "0", "00d", "090d", "1.5h", "10y", "90 d", " 90d", "1d2h", "NEVER", "٣s"),
+        *("-1d", "-0s", "-90d", "36501d", "3153600001s", "999999999999d", "9" * 13 + "d"),
+        *("9" * 5000 + "d", "abc", "1e9s", "90", "+90d", "0x10s", "inf", "nan"),
+    ],
 )
 def test_r26_a_bad_duration_is_invalid_naming_expires_in_and_writes_nothing(
     world: World, text: str
@@ -141,6 +145,12 @@ def test_r26_a_bad_duration_is_invalid_naming_expires_in_and_writes_nothing(
         "--db", world.url, "credentials", "issue", "app:crm", "--expires-in", text
     )
     assert (code, error["error"], error["details"]["field"]) == (3, "INVALID", "expires_in")
+    # One message for every out-of-range or malformed value (issue 25.2), the value cut short.
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    assert error["message"] == (
+        "expires_in must be a whole number of days, hours, minutes or seconds from 1s to "
+        f"36500d, like 90d, 12h, 30m or 3600s, or never; got {shown!r}"
+    )
     assert world.tables() == before
 
 

@@ -7,6 +7,7 @@ SQLite and MariaDB.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -191,6 +192,48 @@ def test_r26_missing_malformed_and_unknown_tokens_are_401_with_a_bearer_challeng
     # The scheme is case-insensitive (RFC 7235); the token is not.
     own = client.get(path("app:crm"), headers={"authorization": f"bEaReR {crm}"})
     assert own.status_code == 200
+
+
+def test_r26_a_repeated_authorization_header_is_400_naming_it(
+    app_client: tuple[Served, TestClient],
+) -> None:
+    # "The first one wins" would let a proxy (judging the last) and this server disagree
+    # about who is calling: two headers are refused, whatever they hold, before any lookup.
+    served, client = app_client
+    crm, erp = served.tokens["app:crm"], served.tokens["integration:erp-sync"]
+    pairs = [
+        (f"Bearer {crm}", f"Bearer {erp}"),  # two audiences
+        (f"Bearer {crm}", f"Bearer {crm}"),  # the same token twice
+        (f"Bearer {crm}", ""),  # one empty
+    ]
+    for first, second in pairs:
+        for route in (path("app:crm"), "/v1/catalog/head"):
+            answer = client.get(
+                route, headers=[("authorization", first), ("authorization", second)]
+            )
+            assert answer.status_code == 400, (route, answer.text)
+            body = answer.json()
+            assert body["error"] == "INVALID"
+            assert body["details"] == {"field": "Authorization"}
+            assert "Authorization header is repeated" in body["message"]
+            assert crm not in answer.text and erp not in answer.text
+    # One header still reads.
+    assert client.get(path("app:crm"), headers=bearer(crm)).status_code == 200
+
+
+def test_r26_a_trailing_slash_is_404_and_never_a_redirect_built_from_host(
+    app_client: tuple[Served, TestClient],
+) -> None:
+    served, client = app_client
+    crm = served.tokens["app:crm"]
+    for route in (path("app:crm") + "/", "/v1/catalog/head/", "/healthz/", "/metrics/"):
+        for headers in ({"host": "evil.example"}, {"host": "evil.example", **bearer(crm)}):
+            answer = client.get(route, headers=headers, follow_redirects=False)
+            assert answer.status_code == 404, (route, answer.status_code, answer.headers)
+            assert "location" not in answer.headers
+            assert answer.json()["error"] == "MISSING"
+    # The routes themselves still answer.
+    assert client.get("/v1/catalog/head", headers=bearer(crm)).status_code == 200
 
 
 def test_r26_revocation_bites_within_one_second_and_expiry_at_once(
@@ -443,6 +486,34 @@ def test_r26_serve_no_auth_is_a_usage_error_off_loopback_and_auth_is_on_by_defau
         code, answer = cli_json(*args)
         assert code == 0 and answer["auth"] == "bearer"
         assert [a.state.auth_required for a in apps] == [True]
+
+
+def test_r26_serve_prints_an_ipv6_listen_address_in_brackets(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    hosts: list[str] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: hosts.append(kw["host"]))
+    for host, url in (
+        ("::1", "http://[::1]:0"),
+        ("::", "http://[::]:0"),
+        ("fe80::1%lo", "http://[fe80::1%25lo]:0"),
+        ("127.0.0.1", "http://127.0.0.1:0"),
+        ("localhost", "http://localhost:0"),
+    ):
+        code, answer = cli_json("--db", world.url, "serve", "--port", "0", "--host", host)
+        assert (code, answer.get("url")) == (0, url), answer
+    # uvicorn is given the bare address to bind.
+    assert hosts == ["::1", "::", "fe80::1%lo", "127.0.0.1", "localhost"]
+    # A busy IPv6 port is named the same way (UNAVAILABLE, exit 1).
+    with socket.socket(socket.AF_INET6) as busy:
+        busy.bind(("::1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, error = cli_json("--db", world.url, "serve", "--port", str(port), "--host", "::1")
+    assert (code, error["error"]) == (1, "UNAVAILABLE"), error
+    assert error["message"].startswith(f"cannot listen on [::1]:{port}: "), error
 
 
 def test_r26_serve_no_auth_serves_every_audience_without_a_token(world: World) -> None:

@@ -277,6 +277,7 @@ def test_r26_serve_tls_options_are_checked_before_anything_listens(
     import uvicorn
 
     cert, key = pki["server"].server()
+    _, other_key = pki["server"].issue("other", [], ExtendedKeyUsageOID.SERVER_AUTH)
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
     serve = ("--db", world.url, "serve", "--port", "0")
@@ -302,7 +303,13 @@ def test_r26_serve_tls_options_are_checked_before_anything_listens(
         (("--tls-key", str(key)), (2, "USAGE", None)),
         (("--tls-client-ca", str(pki["clients"].cert_file)), (2, "USAGE", None)),
         (("--tls-cert", str(garbage), "--tls-key", str(key)), (3, "INVALID", "tls_cert")),
-        (("--tls-cert", str(cert), "--tls-key", str(garbage)), (3, "INVALID", "tls_cert")),
+        (("--tls-cert", str(cert), "--tls-key", str(garbage)), (3, "INVALID", "tls_key")),
+        (("--tls-cert", str(cert), "--tls-key", str(other_key)), (3, "INVALID", "tls_key")),
+        (("--tls-cert", str(cert), "--tls-key", str(cert)), (3, "INVALID", "tls_key")),
+        (
+            ("--tls-cert", str(cert), "--tls-key", str(world.tmp / "absent.key")),
+            (3, "INVALID", "tls_key"),
+        ),
         (
             ("--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(garbage)),
             (3, "INVALID", "tls_client_ca"),
@@ -315,6 +322,8 @@ def test_r26_serve_tls_options_are_checked_before_anything_listens(
         code, error = cli_json(*serve, *args)
         assert (code, error["error"], error["details"].get("field")) == expected, args
     assert len(calls) == 1  # none of the refused ones listened
+    code, error = cli_json(*serve, "--tls-cert", str(cert), "--tls-key", str(other_key))
+    assert f"--tls-key {other_key} is not the private key of --tls-cert {cert}" in error["message"]
 
 
 _IDENTITIES = st.text(st.characters(codec="utf-8"), min_size=1, max_size=40).filter(

@@ -19,7 +19,7 @@ def credentials_group() -> None:
     default="90d",
     show_default=True,
     metavar="DURATION",
-    help="90d, 12h, 30m, 3600s or never.",
+    help="From 1s to 36500d: 90d, 12h, 30m, 3600s; or never.",
 )
 @json_option
 def credentials_issue(audience: str, expires_in: str, as_json: bool) -> None:

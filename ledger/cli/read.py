@@ -13,6 +13,7 @@ import orjson
 
 from domain.errors import Unavailable, UsageError
 from ledger.cli.app import cli, emit, json_option, log_settings, store
+from ledger.http.limits import HEADER_TIMEOUT, KEEP_ALIVE_TIMEOUT
 from ledger.http.settings import MAX_WAITERS, MULTIPROC_ENV
 from ledger.observability import FORMAT_ENV, LEVEL_ENV, LEVELS, configure
 
@@ -77,6 +78,14 @@ def view(audience: str, min_revision: str | None, at_revision: str | None, as_js
     emit(as_json, live.to_json(), human)
 
 
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets (RFC 3986), ``[::1]``,
+    its zone's ``%`` encoded (RFC 6874, ``[fe80::1%25eth0]``)."""
+    if ":" not in host or host.startswith("["):
+        return host
+    return "[" + host.replace("%", "%25") + "]"
+
+
 def _port_is_free(host: str, port: int) -> None:
     """UNAVAILABLE (exit 1) now, naming the address, when nothing could listen there."""
     if port == 0:
@@ -84,7 +93,9 @@ def _port_is_free(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
-        raise Unavailable(f"cannot listen on {host}:{port}: {exc}", host=host, port=port) from None
+        raise Unavailable(
+            f"cannot listen on {url_host(host)}:{port}: {exc}", host=host, port=port
+        ) from None
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
@@ -92,7 +103,9 @@ def _port_is_free(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             raise Unavailable(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc}", host=host, port=port
+                f"cannot listen on {url_host(host)}:{port}: {exc.strerror or exc}",
+                host=host,
+                port=port,
             ) from None
 
 
@@ -153,6 +166,30 @@ def _port_is_free(host: str, port: int) -> None:
     help="Watches (`?wait=`) that may wait at once per worker; over it: 503 with Retry-After.",
 )
 @click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Client connections open at once per worker (default: `ulimit -n` less a reserve "
+    "for the store, 160 under `ulimit -n 256`). At the cap the connection that has waited "
+    "longest for a request is closed for the new one.",
+)
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=HEADER_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="Time a request has to send its whole header block; then its connection is closed.",
+)
+@click.option(
+    "--keep-alive-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=KEEP_ALIVE_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="Time an idle keep-alive connection stays open.",
+)
+@click.option(
     "--docs",
     is_flag=True,
     help="Serve a self-contained /docs page (no outside assets) beside /openapi.json.",
@@ -169,6 +206,9 @@ def serve(
     tls_key: Path | None,
     tls_client_ca: Path | None,
     max_waiters: int,
+    max_connections: int | None,
+    header_timeout: float,
+    keep_alive_timeout: float,
     docs: bool,
     as_json: bool,
 ) -> None:
@@ -181,6 +221,7 @@ def serve(
 
     import uvicorn
 
+    from ledger.http import limits
     from ledger.http.app import DOCS_ENV, MAX_WAITERS_ENV, NO_AUTH_ENV, create_app
     from ledger.http.protocol import NoDelayH11Protocol
     from ledger.http.tls import TlsH11Protocol, server_context
@@ -194,8 +235,14 @@ def serve(
         raise UsageError("--tls-cert and --tls-key go together")
     if tls_client_ca is not None and tls_cert is None:
         raise UsageError("--tls-client-ca needs --tls-cert and --tls-key (HTTPS)")
-    # uvicorn settings: its h11 protocol with Nagle off (``ledger.http.protocol``), TLS.
-    options: dict[str, Any] = {"http": NoDelayH11Protocol}
+    # uvicorn settings: its h11 protocol with Nagle off (``ledger.http.protocol``), TLS;
+    # the connection cap and the header deadline (``ledger.http.limits``).
+    guard = limits.configure(max_connections=max_connections, header_timeout=header_timeout)
+    options: dict[str, Any] = {
+        "http": NoDelayH11Protocol,
+        "loop": "ledger.http.limits:guarded_loop",
+        "timeout_keep_alive": keep_alive_timeout,
+    }
     if tls_cert is not None and tls_key is not None:
         server_context(tls_cert, tls_key, tls_client_ca)  # INVALID naming the file, now
         options |= {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
@@ -222,9 +269,12 @@ def serve(
     if no_auth:
         auth = "none"
     listening = {
-        "url": f"{'https' if tls_cert is not None else 'http'}://{host}:{port}",
+        "url": f"{'https' if tls_cert is not None else 'http'}://{url_host(host)}:{port}",
         "db": store().db.display_url,
         "auth": auth,
+        "max_connections": guard.max_connections,
+        "header_timeout": header_timeout,
+        "keep_alive_timeout": keep_alive_timeout,
     }
     emit(as_json, listening, lambda: click.echo(f"serving {listening['db']} on {listening['url']}"))
     # log_config=None: uvicorn's loggers go through this invocation's handler (stderr).
@@ -249,6 +299,8 @@ def serve(
             NO_AUTH_ENV: "1" if no_auth else "0",
             MAX_WAITERS_ENV: str(max_waiters),
             DOCS_ENV: "1" if docs else "0",
+            limits.MAX_CONNECTIONS_ENV: str(guard.max_connections),
+            limits.HEADER_TIMEOUT_ENV: str(header_timeout),
         }
         saved = {name: os.environ.get(name) for name in settings}
         os.environ.update(settings)

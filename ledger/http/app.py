@@ -252,8 +252,26 @@ def authenticated(
     if authenticator is None:
         raise Unavailable("the read service has no store")
     return authenticator.authenticate(
-        _header(request.scope, b"authorization"), client_certificate(request.scope)
+        _authorization(request.scope), client_certificate(request.scope)
     )
+
+
+REPEATED_AUTHORIZATION = (
+    "the Authorization header is repeated: send exactly one (a proxy and this server "
+    "could otherwise disagree about who is calling)"
+)
+
+
+def _authorization(scope: Scope) -> str | None:
+    """The request's one ``Authorization`` header; sent twice it is INVALID (400), never
+    "the first one wins" (R26: a read is authenticated as exactly one audience)."""
+    found: str | None = None
+    for key, value in scope["headers"]:
+        if key == b"authorization":
+            if found is not None:
+                raise InvalidInput(REPEATED_AUTHORIZATION, field="Authorization")
+            found = value.decode("latin-1")
+    return found
 
 
 Authenticated = Annotated[Caller | None, Depends(authenticated)]
@@ -399,6 +417,9 @@ def create_app(
         version=API_VERSION,
         description="Fail-closed audience views of the active catalog revision.",
         lifespan=lifespan,
+        # No redirect is ever built from the client's Host header: a path with a trailing
+        # slash is 404, like any other path that is not a route (issue 25.2).
+        redirect_slashes=False,
         docs_url=None,  # the stock pages load their assets from a CDN
         redoc_url=None,
         # No OpenTelemetry here (``/metrics`` is Prometheus): skip its per-request probe.

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 
 from domain.errors import InvalidInput
 from ledger.http.protocol import NoDelayH11Protocol
@@ -67,9 +69,53 @@ def san_uris(pem: str) -> list[str]:
     return [str(u) for u in san.value.get_values_for_type(x509.UniformResourceIdentifier)]
 
 
+def _read(path: Path, option: str, field: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InvalidInput(
+            f"cannot read {option} {path}: {exc.strerror or exc}", field=field
+        ) from None
+
+
+def _check_pair(cert: Path, key: Path) -> None:
+    """INVALID naming the file at fault: ``tls_cert`` for a certificate that cannot be
+    read or parsed, ``tls_key`` for a key that cannot, or that is not the key of the
+    certificate (OpenSSL's one "cannot load" error would name neither)."""
+    try:
+        chain = x509.load_pem_x509_certificates(_read(cert, "--tls-cert", "tls_cert"))
+    except ValueError as exc:
+        raise InvalidInput(
+            f"--tls-cert {cert} is not a PEM certificate: {exc}", field="tls_cert"
+        ) from None
+    try:
+        private = serialization.load_pem_private_key(
+            _read(key, "--tls-key", "tls_key"), password=None
+        )
+    except TypeError:
+        raise InvalidInput(
+            f"--tls-key {key} is encrypted: give an unencrypted PEM key", field="tls_key"
+        ) from None
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise InvalidInput(
+            f"--tls-key {key} is not a PEM private key: {exc}", field="tls_key"
+        ) from None
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    der = serialization.Encoding.DER
+    if private.public_key().public_bytes(der, spki) != chain[0].public_key().public_bytes(
+        der, spki
+    ):
+        raise InvalidInput(
+            f"--tls-key {key} is not the private key of --tls-cert {cert} "
+            "(their public keys differ)",
+            field="tls_key",
+        )
+
+
 def server_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSLContext:
     """Load the files ``serve`` was given now, so a bad one is INVALID naming its option
     before anything listens (uvicorn loads them again, the same way)."""
+    _check_pair(cert, key)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         context.load_cert_chain(cert, key)
