@@ -2,7 +2,8 @@
 
 Every read or write path that takes a value from a view checks it against what the
 log committed first (R28). Each such check has a name here; ``DISABLED`` exists only
-so that the view-tampering property test (``tests/test_r28_view_tampering.py``) can
+so that the view-tampering property test (``tests/test_r28_view_tampering.py``, and
+``tests/test_r28_credential_view.py`` for ``CREDENTIAL``) can
 turn one check off and show that the test then fails: proof that the check is needed
 and the test bites. Production code never writes to it.
 """
@@ -26,6 +27,10 @@ MAP = "writer.map"
 #: Writers: an abandoned-attempt hint of the generation view is what the log says.
 PREPARING = "writer.preparing"
 
+#: Serving: a credential row authenticates no one until the log confirms it.
+CREDENTIAL = "serve.credential"
+
+#: The checks the view-tampering sweep covers (``CREDENTIAL`` has its own test).
 ALL = (HEAD, AUDIENCE, FACT, DIGEST, PARENT, MAP, PREPARING)
 
 #: Test-only: checks turned off (never written outside tests).

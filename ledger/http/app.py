@@ -66,6 +66,7 @@ from ledger.http.auth import (
     Authenticator,
     Caller,
     CredentialCache,
+    log_confirmer,
     view_loader,
     www_authenticate,
 )
@@ -394,7 +395,10 @@ def create_app(
             _release_waiters_on_exit(state["watch"])
             if auth:
                 cache = CredentialCache(
-                    view_loader(ledger.db), refresh=credential_refresh, monotonic=refresh_clock
+                    view_loader(ledger.db),
+                    refresh=credential_refresh,
+                    monotonic=refresh_clock,
+                    confirm=log_confirmer(ledger),
                 )
                 app.state.authenticator = Authenticator(cache, clock=clock)
             state["writes"] = writable(ledger.db)

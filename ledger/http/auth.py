@@ -42,11 +42,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from domain.credentials import AUDIENCE_URI_PREFIX, parse_audience_uri, token_digest
+from domain.credentials import (
+    AUDIENCE_URI_PREFIX,
+    credential_aggregate_id,
+    parse_audience_uri,
+    token_digest,
+)
 from domain.digests import lp
 from domain.errors import IntegrityFailure, InvalidInput, Unauthenticated
+from domain.event_types import T_CREDENTIAL_ISSUED
 from domain.identity import Audience, AudienceKind, Identity
 from ledger.http.tls import san_uris
+from projections import checks
 from projections.credentials import CredentialRow, credential_rows
 
 #: How often the live credentials are re-read: a revocation bites within this.
@@ -126,8 +133,13 @@ class CredentialCache:
         *,
         refresh: float = REFRESH_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
+        confirm: Callable[[CredentialRow], None] | None = None,
     ) -> None:
         self._load = load
+        #: Checks a view row against the log before it authenticates anyone (R28); each
+        #: row once per load (raises INTEGRITY when the log disagrees).
+        self._confirm = confirm
+        self._confirmed: set[CredentialRow] = set()
         self._refresh = refresh
         self._monotonic = monotonic
         self._lock = threading.Lock()
@@ -150,12 +162,16 @@ class CredentialCache:
                         if row.revoked_at_us is None:
                             groups.setdefault(row.token_digest[:_PREFIX], []).append(row)
                     self._by_prefix = {k: tuple(v) for k, v in groups.items()}
+                    self._confirmed = set()
                     self._loaded_at = now
                     self.loads += 1
         found = None
         for row in self._by_prefix.get(digest[:_PREFIX], ()):
             if hmac.compare_digest(row.token_digest, digest):
                 found = row
+        if found is not None and self._confirm is not None and found not in self._confirmed:
+            self._confirm(found)
+            self._confirmed.add(found)
         return found
 
 
@@ -204,6 +220,43 @@ class Authenticator:
                 view="credential",
             ) from None
         return Caller(row.credential_id, Audience(kind, Identity.trusted(row.audience_id)))
+
+
+def log_confirmer(ledger: Any) -> Callable[[CredentialRow], None]:
+    """Checks a live credential row of the view against the credential's events (R28):
+    issued with the same audience, token digest and times, and not revoked since. A row
+    the log does not confirm (edited, forged, or revoked in the log) is INTEGRITY naming
+    ``view_credential`` — never a caller."""
+
+    def confirm(row: CredentialRow) -> None:
+        if not checks.on(checks.CREDENTIAL):
+            return
+        aggregate = credential_aggregate_id(row.credential_id)
+        with ledger.db.read() as conn:
+            first = ledger.recorder.first_events(conn, [aggregate]).get(aggregate)
+            last = ledger.recorder.last_events(conn, [aggregate]).get(aggregate)
+        issued = None if first is None or first.type != T_CREDENTIAL_ISSUED else first.data
+        if (
+            issued is None
+            or last is None
+            or last.type != T_CREDENTIAL_ISSUED
+            or issued.get("credential_id") != row.credential_id
+            or issued.get("audience_kind") != row.audience_kind
+            or issued.get("audience_id") != row.audience_id
+            or issued.get("token_digest") != row.token_digest.hex()
+            or issued.get("issued_at_us") != row.issued_at_us
+            or issued.get("expires_at_us") != row.expires_at_us
+        ):
+            raise IntegrityFailure(
+                f"credential {row.credential_id} of the credential view is not what the log "
+                "issued (or the log revoked it): a view row was edited or added; "
+                "`catalog-ledger projections rebuild credential` restores it from the log",
+                rule="R28",
+                table="view_credential",
+                key={"credential_id": row.credential_id},
+            )
+
+    return confirm
 
 
 def view_loader(db: Any) -> Callable[[], list[CredentialRow]]:
