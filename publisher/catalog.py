@@ -133,6 +133,23 @@ class PackAuthority:
     def entry(self) -> list[Any]:
         return [self.pack, self.install_id, self.revision, self.epoch, self.payload_hash]
 
+    @classmethod
+    def official(
+        cls, entry: Sequence[Any], components: Mapping[tuple[str, str], Fact], *, dirty: bool
+    ) -> PackAuthority:
+        """An official pack's authority from its activation entry (``entry()``'s order)."""
+        pack, install_id, revision, epoch, payload_hash = entry
+        return cls(
+            pack=pack,
+            source_kind="official_repo",
+            install_id=install_id,
+            revision=revision,
+            epoch=epoch,
+            payload_hash=payload_hash,
+            dirty=dirty,
+            components=components,
+        )
+
 
 @dataclass(frozen=True)
 class CatalogInput:

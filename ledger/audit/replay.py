@@ -221,15 +221,10 @@ class CatalogReplay:
     def _packs(self) -> dict[str, PackAuthority]:
         packs: dict[str, PackAuthority] = {}
         for pack, entry in self.activations.items():
-            packs[pack] = PackAuthority(
-                pack=pack,
-                source_kind="official_repo",
-                install_id=entry[1],
-                revision=entry[2],
-                epoch=entry[3],
-                payload_hash=entry[4],
+            packs[pack] = PackAuthority.official(
+                entry,
+                self.components.get((pack, entry[1]), {}),
                 dirty=self.newest.get(pack, ("", ""))[1] == "failed_dirty",
-                components=self.components.get((pack, entry[1]), {}),
             )
         for pack, kind in self.kinds.items():
             packs.setdefault(pack, PackAuthority(pack=pack, source_kind=kind))

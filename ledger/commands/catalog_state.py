@@ -96,22 +96,22 @@ def _integrity(event: Decoded, problem: str) -> IntegrityFailure:
     )
 
 
-def _int(event: Decoded, name: str, *, optional: bool = False) -> Any:
+def _field(event: Decoded, name: str, kind: type, *, optional: bool = False) -> Any:
+    """Field ``name`` of ``event``, of exactly type ``kind`` (``None`` if ``optional``)."""
     value = event.data.get(name)
     if value is None and optional:
         return None
-    if type(value) is not int:
-        raise _integrity(event, f"{name} is not an integer")
+    if type(value) is not kind:
+        raise _integrity(event, f"{name} is not {'an integer' if kind is int else 'a string'}")
     return value
+
+
+def _int(event: Decoded, name: str, *, optional: bool = False) -> Any:
+    return _field(event, name, int, optional=optional)
 
 
 def _text(event: Decoded, name: str, *, optional: bool = False) -> Any:
-    value = event.data.get(name)
-    if value is None and optional:
-        return None
-    if type(value) is not str:
-        raise _integrity(event, f"{name} is not a string")
-    return value
+    return _field(event, name, str, optional=optional)
 
 
 @dataclass(frozen=True)
@@ -500,16 +500,7 @@ def parent_authorities(
             facts = component_facts(pack, entry[1], entry[4], components)
         except (KeyError, TypeError, AttributeError) as exc:
             raise _integrity(event, f"a component is malformed ({exc})") from None
-        out[pack] = PackAuthority(
-            pack=pack,
-            source_kind="official_repo",
-            install_id=entry[1],
-            revision=entry[2],
-            epoch=entry[3],
-            payload_hash=entry[4],
-            dirty=False,
-            components=facts,
-        )
+        out[pack] = PackAuthority.official(entry, facts, dirty=False)
     return out
 
 
