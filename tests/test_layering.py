@@ -96,6 +96,7 @@ ALLOWED_OURS = {
         "ledger.store",
         "projections.reader",
         "projections.credentials",  # the live credentials bearer tokens are checked against
+        "projections.checks",  # the named R28 checks (a test-only switch each)
     },
 }
 

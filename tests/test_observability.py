@@ -467,7 +467,8 @@ def test_ops_no_secret_reaches_a_log(password_url: tuple[str, str], tmp_path: Pa
     out.append(signed.stdout + signed.stderr)
     wrong = url.replace(password, password + "x")
     refused = cli("--db", wrong, "--log-format", "json", "--log-level", "debug", "status", "--json")
-    assert refused.code == 1 and json.loads(refused.stdout)["error"] == "UNAVAILABLE"
+    # A login refused is PERMISSION (exit 7), not "server down" (issue 25.2).
+    assert refused.code == 7 and json.loads(refused.stdout)["error"] == "PERMISSION"
     out.append(refused.stdout + refused.stderr)
     seed = key.read_text(encoding="utf-8").strip().rsplit("+", 1)[1]
     for text in out:

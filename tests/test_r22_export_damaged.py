@@ -302,10 +302,12 @@ def test_r22_a_damaged_export_to_stdout_is_complete_and_import_refuses_it(
     ), refused
 
 
-def test_r22_export_of_a_store_whose_head_row_is_damaged_exits_6_with_null_head_fields(
+def test_r24_export_of_a_store_whose_head_row_is_damaged_is_refused_naming_it(
     healthy: tuple[Path, list[bytes]], tmp_path: Path
 ) -> None:
-    source, before = healthy
+    """A head row stored as another type is refused like every head disagreement (R24):
+    INTEGRITY naming ledger_head, with the repair to run; nothing is written."""
+    source, _ = healthy
     path = tmp_path / "store.db"
     shutil.copy(source, path)
     conn = sqlite3.connect(path)
@@ -314,8 +316,6 @@ def test_r22_export_of_a_store_whose_head_row_is_damaged_exits_6_with_null_head_
     conn.close()
     out = tmp_path / "export.jsonl"
     code, error = cli_json("--db", f"sqlite:///{path}", "export", "--jsonl", "--out", str(out))
-    assert (code, error["error"], error["details"]["field"]) == (6, "INTEGRITY", "head"), error
-    assert error["message"].startswith("the head row chain is stored as TEXT, not bytes"), error
-    lines = out.read_bytes().splitlines(keepends=True)
-    assert lines[:-1] == before[:-1]
-    assert json.loads(lines[-1]) == {**json.loads(before[-1]), "head_chain": None}
+    assert (code, error["error"], error["details"]["table"]) == (6, "INTEGRITY", "ledger_head")
+    assert "doctor --repair" in error["message"]
+    assert not out.exists() or out.read_bytes() == b""

@@ -53,7 +53,8 @@ from domain.errors import IntegrityFailure, InvalidInput, Unauthenticated
 from domain.event_types import T_CREDENTIAL_ISSUED
 from domain.identity import Audience, AudienceKind, Identity
 from ledger.http.tls import san_uris
-from projections import checks
+from projections.checks import CREDENTIAL
+from projections.checks import on as check_on
 from projections.credentials import CredentialRow, credential_rows
 
 #: How often the live credentials are re-read: a revocation bites within this.
@@ -229,7 +230,7 @@ def log_confirmer(ledger: Any) -> Callable[[CredentialRow], None]:
     ``view_credential`` — never a caller."""
 
     def confirm(row: CredentialRow) -> None:
-        if not checks.on(checks.CREDENTIAL):
+        if not check_on(CREDENTIAL):
             return
         aggregate = credential_aggregate_id(row.credential_id)
         with ledger.db.read() as conn:

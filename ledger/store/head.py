@@ -66,9 +66,36 @@ def _binary(value: object) -> bytes:
     )
 
 
+#: SQLite keeps any type in any column: read the chains as bytes, with their stored types.
+_ROW_SQLITE = (
+    f"SELECT h.position, CAST(h.chain AS BLOB), e.position, CAST(e.chain AS BLOB), "
+    f"typeof(h.chain), typeof(e.chain), typeof(h.position) FROM (SELECT 1 AS one) AS x "
+    f"LEFT JOIN {schema.head.name} AS h ON h.id = 1 "
+    f"LEFT JOIN {schema.events.name} AS e "
+    f"ON e.position = (SELECT MAX(position) FROM {schema.events.name})"
+)
+
+
 def read(conn: Connection) -> HeadCheck:
     """The head row and the last row of ``ledger_events`` (both tables exist)."""
-    row = conn.exec_driver_sql(_ROW).one()
+    if conn.dialect.name == "sqlite":
+        row = conn.exec_driver_sql(_ROW_SQLITE).one()
+        head_type, last_type, position_type = row[4:7]
+        if row[0] is not None and (head_type != "blob" or position_type != "integer"):
+            raise IntegrityFailure(
+                f"the head row is stored as {head_type}/{position_type}, where the schema "
+                f"declares a binary chain and an integer position {REPAIR_HINT}",
+                table="ledger_head",
+            )
+        if row[2] is not None and last_type != "blob":
+            raise IntegrityFailure(
+                f"the last row's chain is stored as {last_type}, where the schema declares "
+                "binary (`catalog-ledger audit verify` names the position)",
+                table="ledger_events",
+                position=int(row[2]),
+            )
+    else:
+        row = conn.exec_driver_sql(_ROW).one()
     head = None if row[0] is None else (int(row[0]), _binary(row[1]))
     last = (0, ZERO_CHAIN) if row[2] is None else (int(row[2]), _binary(row[3]))
     return HeadCheck(head, last)
