@@ -243,6 +243,10 @@ class CatalogReader:
             head = row[5]
         return out, head
 
+    def _last_event(self, aggregate: Any) -> Decoded | None:
+        """The last event of one aggregate (a pointer that moved on: its generation)."""
+        return self._last_events([aggregate])[0].get(aggregate)
+
     def _v1_digest(self, lineage: Decoded, audience: tuple[str, str]) -> str | None:
         """The audience's digest in a lineage whose last revision is of format v1 (no
         audience map yet): the last one a revision event listed for it."""
@@ -346,7 +350,7 @@ class CatalogReader:
         # then whether the log still has each bound generation active (STALE if not).
         found = _verified(pair, int(revision), bytes(content), served.encode(), grants)
         for pack, install_id in bound:
-            _still_active(pack, install_id, log, int(revision))
+            _still_active(pack, install_id, log, int(revision), self._last_event)
         state = (stopped, *header[4:_GRANTS])
         if self.cache_size > 0:
             if len(self._cache) >= self.cache_size and pair not in self._cache:
@@ -536,15 +540,24 @@ def _fact_matches(
     return fact_hasher(pack, install_id, payload_hash)(fact) == stored
 
 
-def _still_active(pack: str, install_id: str, log: Mapping[Any, Decoded], revision: int) -> None:
+def _still_active(
+    pack: str,
+    install_id: str,
+    log: Mapping[Any, Decoded],
+    revision: int,
+    last_event: Callable[[Any], Decoded | None],
+) -> None:
     """The pack's pointer, as its last log event has it, selects the bound generation, and
-    that generation's last event agrees (R13, R18): else STALE (the pointer moved on) or
-    INCONSISTENT_STATE (what the log says does not add up), naming what was found."""
+    that generation's last event agrees (R13, R18): else STALE (the pointer moved on to a
+    consistent generation: ``last_event`` reads it) or INCONSISTENT_STATE (what the log
+    says does not add up), naming what was found."""
     pointer = log.get(activation_id(pack))
     active = None
     if pointer is not None and pointer.type != T_REMOVED:
         active = pointer.data.get("install_id")
     if active != install_id:
+        if pointer is not None and isinstance(active, str):
+            _consistent(pack, active, pointer, last_event(generation_id(pack, active)))
         raise Stale(
             f"pack {pack!r} is no longer served by the bound generation {install_id}",
             axis="activation",
@@ -554,7 +567,11 @@ def _still_active(pack: str, install_id: str, log: Mapping[Any, Decoded], revisi
             active_install_id=active if isinstance(active, str) else None,
         )
     assert pointer is not None
-    generation = log.get(generation_id(pack, install_id))
+    _consistent(pack, install_id, pointer, log.get(generation_id(pack, install_id)))
+
+
+def _consistent(pack: str, install_id: str, pointer: Decoded, generation: Decoded | None) -> None:
+    """INCONSISTENT_STATE unless the pointer and its generation's last event agree (R13)."""
     problem = pointer_problem(
         install_id,
         pointer.data.get("epoch"),
