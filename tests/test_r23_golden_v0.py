@@ -119,7 +119,7 @@ def test_r23_golden_v0_audits_to_the_same_root_and_chain(golden: str) -> None:
     assert checkpoint.stdout.splitlines()[:3] == EXPECTED["checkpoint"].splitlines()[:3]
 
 
-def _without_payload_hashes(out: Any) -> Any:
+def without_payload_hashes(out: Any) -> Any:
     """A live view as 0.1 served it: 0.3 adds each fact's payload hash (so that a
     runtime can recompute the fact digest), which must prove that fact's digest."""
     if not isinstance(out, dict) or "facts" not in out:
@@ -140,7 +140,7 @@ def _without_payload_hashes(out: Any) -> Any:
 def test_r23_golden_v0_serves_identical_views_live_and_at_each_revision(migrated: str) -> None:
     for audience, per in EXPECTED["views"].items():
         code, live = cli_json("--db", migrated, "view", audience)
-        assert (code, _without_payload_hashes(live)) == (
+        assert (code, without_payload_hashes(live)) == (
             per["live"]["code"],
             per["live"]["out"],
         ), audience

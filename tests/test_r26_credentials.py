@@ -411,10 +411,14 @@ def test_r26_history_audience_shows_bindings_and_credentials_from_the_log(
         "audience.opened",
         "binding.granted",
         "binding.granted",
+        # The digest the log committed for this audience at the revision (R28).
+        "audience_view.opened",
+        "audience_view.published",
         "credential.issued",
         "credential.revoked",
     ]
-    issued, revoked = events[3], events[4]
+    assert events[4]["revision"] == 1 and len(events[4]["digest"]) == 64, events[4]
+    issued, revoked = events[5], events[6]
     assert {k: v for k, v in issued.items() if k not in ("position", "event_id", "timestamp")} == {
         "event": "credential.issued",
         "credential_id": cid,

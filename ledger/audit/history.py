@@ -78,6 +78,8 @@ _AUDIENCE_FIELDS = (
     "install_id",
     "from_install_id",
     "credential_id",
+    "revision",  # an audience view event: the revision and the digest it committed (R28)
+    "digest",
 )
 #: Credential times (microseconds in the log) shown as RFC 3339 UTC.
 _AUDIENCE_TIMES = {
@@ -88,8 +90,8 @@ _AUDIENCE_TIMES = {
 
 
 def audience_history(ledger: Ledger, audience: tuple[str, str]) -> list[AudienceHistoryEvent]:
-    """Every binding and credential event of ``audience``, in log order, from the log
-    alone. A credential's token digest is left out: it is nobody's business here."""
+    """Every binding, credential and published-view event of ``audience``, in log order,
+    from the log alone. A credential's token digest is left out: it is nobody's business here."""
     out: list[AudienceHistoryEvent] = []
     kind, ident = audience
     with ledger.db.read() as conn:

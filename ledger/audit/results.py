@@ -75,8 +75,9 @@ class HistoryResult(TypedDict):
 
 
 class AudienceHistoryEvent(TypedDict):
-    """One event about an audience (``history --audience``): its bindings and its
-    credentials (R26), summarized; a credential's token digest is never shown."""
+    """One event about an audience (``history --audience``): its bindings, its
+    credentials (R26) and its published view digests (R28), summarized; a credential's
+    token digest is never shown."""
 
     position: int
     event: str  # the type name, e.g. credential.issued
@@ -92,6 +93,8 @@ class AudienceHistoryEvent(TypedDict):
     issued_at: NotRequired[str]
     expires_at: NotRequired[str | None]
     revoked_at: NotRequired[str]
+    revision: NotRequired[int]
+    digest: NotRequired[str | None]
 
 
 class AudienceHistoryResult(TypedDict):
