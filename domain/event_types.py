@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 from uuid import UUID
@@ -384,6 +385,7 @@ def decode_row(
         missing = [f for f in EVENT_TYPES.named(name).fields() if f not in data]
         if missing:
             raise ValueError(f"fields missing: {', '.join(missing)}")
+        _check_timestamp(data)
         return Decoded(at, UUID(bytes=_stored_bytes(aggregate)), int(version), name, data)  # type: ignore[call-overload]
     except IntegrityFailure as exc:
         raise IntegrityFailure(
@@ -391,11 +393,39 @@ def decode_row(
             **{**exc.details, "position": at},
         ) from None
     except (TypeError, ValueError, AttributeError) as exc:  # orjson's error is a ValueError
+        raise unreadable(at, exc) from None
+
+
+def decode_state(position: int, topic: str | bytes, state: object) -> tuple[str, dict[str, Any]]:
+    """``EVENT_TYPES.decode`` of the row at ``position`` (the replay paths, which read
+    (position, topic, state) only): a state that is not its type's JSON object is
+    INTEGRITY naming the position, as in ``decode_row``."""
+    try:
+        return EVENT_TYPES.decode(topic, _stored_bytes(state))
+    except IntegrityFailure as exc:
         raise IntegrityFailure(
-            f"the log row at position {at} is not what the log declares "
-            f"({type(exc).__name__}: {exc}); the row was edited outside the store",
-            position=at,
+            f"the log row at position {position} is not readable: {exc.message}",
+            **{**exc.details, "position": position},
         ) from None
+    except (TypeError, ValueError) as exc:
+        raise unreadable(position, exc) from None
+
+
+def unreadable(position: object, exc: BaseException) -> IntegrityFailure:
+    """INTEGRITY for a stored row whose cells do not decode as the log declares."""
+    return IntegrityFailure(
+        f"the log row at position {position} is not what the log declares "
+        f"({type(exc).__name__}: {exc}); the row was edited outside the store",
+        position=position,
+    )
+
+
+def _check_timestamp(data: Mapping[str, Any]) -> None:
+    """Every event's ``timestamp`` is RFC 3339 text (the aggregates parse it)."""
+    stamp = data.get("timestamp")
+    if not isinstance(stamp, str):
+        raise TypeError(f"timestamp is {type(stamp).__name__}, not text")
+    datetime.fromisoformat(stamp)  # ValueError when it is not a timestamp
 
 
 def _stored_bytes(value: object) -> bytes:

@@ -52,6 +52,7 @@ from ledger.commands.service import WRITER_LEASE, CommandService
 from ledger.commands.sources import load_manifest, read_input_file, resolve_packs
 from ledger.log.checkpoint import Checkpoint, SignerKey, VerifierKey
 from ledger.log.db import Database, open_database, resolve_url
+from ledger.log.recorder import check_row
 from ledger.store import contract, migrations
 from ledger.store.init import StoreInfo, init_store, require_schema
 from ledger.store.init import ddl as store_ddl
@@ -357,6 +358,8 @@ class Store:
         with self.db.read() as conn:
             head = recorder.head_in(conn)
             rows = recorder.read_rows(conn, after=from_position - 1, limit=limit)
+        for r in rows:  # a row shown is a row checked: a tampered state is INTEGRITY (R22)
+            check_row(r)
         return {
             "head": {"position": head.position, "chain": head.chain.hex()},
             "events": [
