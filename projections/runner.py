@@ -365,7 +365,9 @@ class ProjectionRunner:
                     if name in versions:
                         st.building_version = None
                         save_state(conn, st)
-            log.error(
+            # The error itself is the command's outcome (one message, INTEGRITY): logged
+            # at info only, so stderr holds that message and nothing else.
+            log.info(
                 "rebuild refused: the log does not verify; nothing swapped",
                 extra={"views": [p.name for p in chosen], "head": head0},
             )

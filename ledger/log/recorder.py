@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -604,7 +604,7 @@ class LedgerRecorder(ApplicationRecorder):
 
     def scan_full(
         self, conn: Connection, *, after: int = 0, upto: int | None = None, page: int = 20_000
-    ) -> Iterator[tuple[int, bytes, int, bytes, bytes, bytes, bytes]]:
+    ) -> Generator[tuple[int, bytes, int, bytes, bytes, bytes, bytes], None, None]:
         """Every stored row after ``after`` in position order, exactly as stored:
         (position, aggregate id, version, topic, state, event_id, chain). Rows past
         the head row are included: the auditor must see everything that is there."""
@@ -640,16 +640,17 @@ class LedgerRecorder(ApplicationRecorder):
             cursor.close()
 
     def scan_stored(
-        self, conn: Connection, *, after: int = 0, page: int = 20_000
-    ) -> Iterator[tuple[object, ...]]:
+        self, conn: Connection, *, after: int = 0, upto: int | None = None, page: int = 20_000
+    ) -> Generator[tuple[object, ...], None, None]:
         """Every stored row after ``after`` in position order, each value as the driver
         returns it, unconverted: (position, aggregate id, version, topic, state, event_id,
         chain). For ``export``, which writes a damaged row verbatim (a TEXT state, a NULL)
         instead of stopping at it; every other reader uses ``scan_full``."""
         ev = schema.events.name
+        bound = "" if upto is None else f" AND position <= {int(upto)}"
         sql = (
             f"SELECT position, aggregate_id, version, topic, state, event_id, chain FROM {ev} "
-            f"WHERE position > {self._p} ORDER BY position LIMIT {int(page)}"
+            f"WHERE position > {self._p}{bound} ORDER BY position LIMIT {int(page)}"
         )
         with _lenient_text(conn) as cursor:
             position = after

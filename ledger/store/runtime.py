@@ -108,7 +108,15 @@ class LogReader:
         """The aggregate ``events`` (position, stored event) build; an event whose fields
         do not build it (a value of another type) is INTEGRITY naming its position."""
         result: Any = None
-        for position, item in events:
+        for expected, (position, item) in enumerate(events, start=1):
+            if item.originator_version != expected:  # a row of it was edited away
+                raise IntegrityFailure(
+                    f"the log row at position {position} is version {item.originator_version} "
+                    f"of aggregate {item.originator_id}, whose version {expected} the log "
+                    "does not hold; the log was edited outside the store",
+                    position=position,
+                    aggregate_id=str(item.originator_id),
+                )
             try:
                 result = cast(Any, self._mapper.to_domain_event(item)).mutate(result)
             except (TypeError, ValueError, KeyError, AttributeError) as exc:
