@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -226,14 +227,14 @@ def _check(base: Base, command: str, case: str, sql: str, edit: Callable[[str, s
         assert _head(url) == head  # nothing appended (apply, publish) or swapped in
 
 
-def _check_audit(details: dict[str, object], position: int, case: str) -> None:
+def _check_audit(details: dict[str, Any], position: int, case: str) -> None:
     """The row is a problem at its position, and the byte checks ran over it."""
     problems = details["problems"]
     assert isinstance(problems, list)
     first = details["first_problem"]
     assert isinstance(first, dict) and first["position"] == position, details
     at = {p["check"] for p in problems if p["position"] == position}
-    assert {"event_id", "chain"} <= set(details["checks"])  # type: ignore[arg-type]
+    assert {"event_id", "chain"} <= set(details["checks"])
     # The views' replay reads the row too: where it cannot decode it, that is a problem
     # of the views check at the same position (not a crash).
     if case == "field_of_wrong_type":
