@@ -280,3 +280,43 @@ def test_r28_the_untampered_copies_pass_every_command(sqlite_base: Base) -> None
             json.loads(result.stdout)
             if command == "apply":
                 assert _head(url) > head
+
+
+#: case -> the edit of every ``view_pack_component`` row, what the error's details name.
+VIEW_CELL_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "fact_stored_as_text": (
+        "UPDATE view_pack_component SET fact = CAST(fact AS TEXT)",
+        {"pack": "alpha", "kind": "callout_profile", "key": "erp"},
+    ),
+    "fact_stored_as_integer": (
+        "UPDATE view_pack_component SET fact = 7",
+        {"pack": "alpha", "kind": "callout_profile", "key": "erp"},
+    ),
+    # Random digest bytes as TEXT are not UTF-8: the driver refuses to read the cell.
+    "fact_digest_stored_as_text": (
+        "UPDATE view_pack_component SET fact_digest = CAST(fact_digest AS TEXT)",
+        {"column": "fact_digest"},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VIEW_CELL_CASES))
+def test_r28_a_fact_cell_of_another_type_is_integrity_for_view(
+    sqlite_base: Base, case: str
+) -> None:
+    sql, named = VIEW_CELL_CASES[case]
+    with sqlite_base.copy() as url:
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        try:
+            assert conn.execute(sql).rowcount >= 1
+            conn.commit()
+        finally:
+            conn.close()
+        code, error = cli_json("--db", url, "view", "app:one")
+        assert (code, error["error"]) == (6, "INTEGRITY"), error
+        assert named.items() <= error["details"].items(), error
+        human = cli("--db", url, "view", "app:one")
+        assert (human.code, human.stdout) == (6, "")
+        lines = human.stderr.splitlines()
+        assert lines[0] == f"error [INTEGRITY]: {error['message']}", human.stderr
+        assert all(line.startswith("  ") for line in lines[1:]), human.stderr
