@@ -35,8 +35,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
+from datetime import datetime
+from types import MappingProxyType, UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 from uuid import UUID
 
 import orjson
@@ -381,9 +382,7 @@ def decode_row(
     try:
         at = int(position)  # type: ignore[call-overload]
         name, data = EVENT_TYPES.decode(_stored_bytes(topic), _stored_bytes(state))
-        missing = [f for f in EVENT_TYPES.named(name).fields() if f not in data]
-        if missing:
-            raise ValueError(f"fields missing: {', '.join(missing)}")
+        _check_fields(EVENT_TYPES.named(name), data)
         return Decoded(at, UUID(bytes=_stored_bytes(aggregate)), int(version), name, data)  # type: ignore[call-overload]
     except IntegrityFailure as exc:
         raise IntegrityFailure(
@@ -391,11 +390,81 @@ def decode_row(
             **{**exc.details, "position": at},
         ) from None
     except (TypeError, ValueError, AttributeError) as exc:  # orjson's error is a ValueError
+        raise unreadable(at, exc) from None
+
+
+def decode_state(position: int, topic: str | bytes, state: object) -> tuple[str, dict[str, Any]]:
+    """``EVENT_TYPES.decode`` of the row at ``position`` (the replay paths, which read
+    (position, topic, state) only): a state that is not its type's JSON object is
+    INTEGRITY naming the position, as in ``decode_row``."""
+    try:
+        return EVENT_TYPES.decode(topic, _stored_bytes(state))
+    except IntegrityFailure as exc:
         raise IntegrityFailure(
-            f"the log row at position {at} is not what the log declares "
-            f"({type(exc).__name__}: {exc}); the row was edited outside the store",
-            position=at,
+            f"the log row at position {position} is not readable: {exc.message}",
+            **{**exc.details, "position": position},
         ) from None
+    except (TypeError, ValueError) as exc:
+        raise unreadable(position, exc) from None
+
+
+def unreadable(position: object, exc: BaseException) -> IntegrityFailure:
+    """INTEGRITY for a stored row whose cells do not decode as the log declares."""
+    return IntegrityFailure(
+        f"the log row at position {position} is not what the log declares "
+        f"({type(exc).__name__}: {exc}); the row was edited outside the store",
+        position=position,
+    )
+
+
+def _check_fields(etype: EventType, data: Mapping[str, Any]) -> None:
+    """Every field of the (upcast) state is there and of its declared JSON type, and the
+    ``timestamp`` is RFC 3339 text (the aggregates parse it)."""
+    missing = [f for f in etype.fields() if f not in data]
+    if missing:
+        raise ValueError(f"fields missing: {', '.join(missing)}")
+    for name, allowed in _json_types(etype).items():
+        if type(data[name]) not in allowed:
+            raise TypeError(f"field {name} is {_JSON_NAME.get(type(data[name]), 'another type')}")
+    datetime.fromisoformat(data["timestamp"])  # ValueError when it is not a timestamp
+
+
+#: How a Python value read from JSON is named in an error.
+_JSON_NAME = {
+    str: "text",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+    list: "an array",
+    dict: "an object",
+}
+_JSON_TYPES: dict[str, dict[str, tuple[type, ...]]] = {}
+
+
+def _json_types(etype: EventType) -> dict[str, tuple[type, ...]]:
+    """field -> the Python types orjson reads its declared JSON type as (cached per type)."""
+    found = _JSON_TYPES.get(etype.name)
+    if found is None:
+        hints = get_type_hints(etype.cls)
+        found = {name: _allowed(hints[name]) for name in etype.fields()}
+        _JSON_TYPES[etype.name] = found
+    return found
+
+
+def _allowed(hint: Any) -> tuple[type, ...]:
+    if hint is datetime:
+        return (str,)
+    if isinstance(hint, UnionType) or get_origin(hint) is Union:
+        return tuple(t for arg in get_args(hint) for t in _allowed(arg))
+    if hint is type(None):
+        return (type(None),)
+    origin = get_origin(hint) or hint
+    if origin in (str, int, bool, list, dict):
+        return (origin,)
+    if origin is float:
+        return (float, int)
+    raise TypeError(f"no JSON type for the field type {hint!r}")
 
 
 def _stored_bytes(value: object) -> bytes:

@@ -40,7 +40,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from domain.errors import Stale
-from domain.event_types import EVENT_TYPES
+from domain.event_types import EVENT_TYPES, decode_state
 from domain.log import LoggedEvent
 from ledger.log.sqltypes import BigInt, Binary, Blob, mysql_errors
 from projections.tables import metadata
@@ -64,7 +64,7 @@ class ViewEvent:
     @classmethod
     def decode(cls, row: LoggedEvent) -> ViewEvent:
         """Decode through the type table: v0 and v1 rows alike, upcast (R23)."""
-        return cls(row.position, *EVENT_TYPES.decode(row.topic, row.state))
+        return cls(row.position, *decode_state(row.position, row.topic, row.state))
 
 
 @dataclass(frozen=True)
@@ -667,8 +667,11 @@ def apply_rows(
     buffered = store if isinstance(store, SqlRowStore) else None
     for row in rows:
         if row.topic in topics:
+            # A row that does not decode is the log's damage (INTEGRITY naming it), not
+            # a poison event of this view: it propagates, and the append or read fails.
+            event = ViewEvent.decode(row)
             try:
-                projection.apply(ViewEvent.decode(row), store)
+                projection.apply(event, store)
             except database_errors():
                 raise  # the store failed, not the event: the transaction aborts
             except Exception as exc:

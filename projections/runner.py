@@ -21,8 +21,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from domain.digests import ZERO_CHAIN, Purpose, hasher, lp
-from domain.errors import Conflict, IntegrityFailure, InvalidInput
-from domain.event_types import EVENT_TYPES, StoredType
+from domain.errors import Conflict, InvalidInput
+from domain.event_types import EVENT_TYPES, StoredType, decode_state
 from domain.log import LoggedEvent
 from projections.framework import (
     GenericReplayer,
@@ -365,7 +365,9 @@ class ProjectionRunner:
                     if name in versions:
                         st.building_version = None
                         save_state(conn, st)
-            log.error(
+            # The error itself is the command's outcome (one message, INTEGRITY): logged
+            # at info only, so stderr holds that message and nothing else.
+            log.info(
                 "rebuild refused: the log does not verify; nothing swapped",
                 extra={"views": [p.name for p in chosen], "head": head0},
             )
@@ -470,11 +472,13 @@ class ProjectionRunner:
                 conn, after=0, upto=head0, topics=list(dispatch)
             ):
                 stored, handlers = dispatch[topic]
-                data = loads(state)
+                try:
+                    data = loads(state)
+                except ValueError:  # orjson's error: the checked decode names the row
+                    decode_state(position, topic, state)
+                    raise
                 if type(data) is not dict:
-                    raise IntegrityFailure(
-                        "a stored event state is not a JSON object", topic=str(topic)
-                    )
+                    decode_state(position, topic, state)
                 if stored is not None:
                     stored.upcast(data)
                 try:
@@ -534,7 +538,7 @@ class ProjectionRunner:
                 done += 1
                 if progress is not None and done % 10_000 == 0:
                     progress(position, head0)
-                event = ViewEvent(position, *EVENT_TYPES.decode(topic, state))  # decoded once
+                event = ViewEvent(position, *decode_state(position, topic, state))  # decoded once
                 for p in by_topic[topic]:
                     if p.name in errors:
                         continue
@@ -639,7 +643,7 @@ class ProjectionRunner:
             for position, topic, state in self.log.scan(
                 conn, after=0, upto=upto, topics=list(by_topic)
             ):
-                event = ViewEvent(position, *EVENT_TYPES.decode(topic, state))
+                event = ViewEvent(position, *decode_state(position, topic, state))
                 for p in by_topic[topic]:
                     if p.name in replay_errors or position > states[p.name].position:
                         continue

@@ -146,6 +146,12 @@ def _line(row: tuple[object, ...]) -> tuple[dict[str, Any], dict[str, str]]:
     return line, {}
 
 
+def row_damage(row: tuple[object, ...]) -> dict[str, str]:
+    """What is damaged in one stored row, as ``scan_stored`` returns it: column -> problem
+    (the export's definition, which ``audit verify`` reports too). Empty: nothing."""
+    return _line(row)[1]
+
+
 def _damaged_line(row: tuple[object, ...]) -> tuple[dict[str, Any], dict[str, str]]:
     """``_line`` for a row with something wrong in it: every column checked and written
     as stored."""

@@ -4,9 +4,8 @@ at any revision.
 
 from __future__ import annotations
 
+from contextlib import closing
 from typing import Any, cast
-
-import orjson
 
 from domain.catalog import audience_digest
 from domain.credentials import rfc3339
@@ -16,6 +15,10 @@ from domain.event_types import (
     EVENT_TYPES,
     LIFECYCLE_TYPES,
     T_PREPARED,
+    Decoded,
+    UnknownEventType,
+    decode_row,
+    decode_state,
 )
 from ledger.audit.replay import CATALOG_TYPES, CatalogReplay
 from ledger.audit.results import AudienceHistoryEvent, HistoryEvent, PastView
@@ -27,46 +30,59 @@ from ledger.store.runtime import Ledger
 def history(ledger: Ledger, pack: str) -> list[HistoryEvent]:
     """Every lifecycle event of ``pack``, in log order, decoded from the log."""
     out: list[HistoryEvent] = []
-    with ledger.db.read() as conn:
-        for position, _agg, _ver, topic, state, event_id, _chain in ledger.recorder.scan_full(conn):
-            stored = EVENT_TYPES.resolve(topic)
-            name = stored.type.name
-            if name not in LIFECYCLE_TYPES:
-                continue
-            data = stored.upcast(orjson.loads(state))
-            if data.get("pack") != pack:
-                continue
-            summary: dict[str, Any] = {
-                k: data[k]
-                for k in (
-                    "install_id",
-                    "ordinal",
-                    "origin",
-                    "epoch",
-                    "revision",
-                    "dirty",
-                    "reason",
-                    "from_install_id",
-                    "successor_install_id",
-                    "incarnation",
-                )
-                if k in data
-            }
-            if data.get("removed"):  # a retirement by removal (R7); shown only then, so
-                summary["removed"] = True  # the history of older stores reads unchanged
-            if name == T_PREPARED:
-                summary["revision"] = data["source"].get("revision")
-                summary["payload_hash"] = data["payload_hash"]
-            # The summary keys are HistoryEvent's optional fields, copied as stored.
-            event = {
-                "position": position,
-                "event": name,
-                "event_id": event_id.hex(),
-                "timestamp": data.get("timestamp"),
-                **summary,
-            }
-            out.append(cast(HistoryEvent, event))
+    with ledger.db.read() as conn, closing(ledger.recorder.scan_full(conn)) as rows:
+        for row in rows:
+            if _type_at(row[0], row[3]) in LIFECYCLE_TYPES:
+                found = decode_row(row[1], row[0], row[2], row[3], row[4])
+                if found.data.get("pack") == pack:
+                    out.append(_pack_event(found, row[5]))
     return out
+
+
+def _type_at(position: int, topic: bytes) -> str:
+    """The type name of a stored topic; an unknown one is INTEGRITY naming the row (R23)."""
+    try:
+        return EVENT_TYPES.resolve(topic).type.name
+    except UnknownEventType as exc:
+        raise IntegrityFailure(
+            f"the log row at position {position} is not readable: {exc.message}",
+            **{**exc.details, "position": position},
+        ) from None
+
+
+def _pack_event(found: Decoded, event_id: bytes) -> HistoryEvent:
+    """One lifecycle event as ``history --pack`` shows it."""
+    position, name, data = found.position, found.type, found.data
+    summary: dict[str, Any] = {
+        k: data[k]
+        for k in (
+            "install_id",
+            "ordinal",
+            "origin",
+            "epoch",
+            "revision",
+            "dirty",
+            "reason",
+            "from_install_id",
+            "successor_install_id",
+            "incarnation",
+        )
+        if k in data
+    }
+    if data.get("removed"):  # a retirement by removal (R7); shown only then, so
+        summary["removed"] = True  # the history of older stores reads unchanged
+    if name == T_PREPARED:
+        summary["revision"] = data["source"].get("revision")
+        summary["payload_hash"] = data["payload_hash"]
+    # The summary keys are HistoryEvent's optional fields, copied as stored.
+    event = {
+        "position": position,
+        "event": name,
+        "event_id": event_id.hex(),
+        "timestamp": data.get("timestamp"),
+        **summary,
+    }
+    return cast(HistoryEvent, event)
 
 
 #: Fields of binding and credential events ``history --audience`` copies as stored.
@@ -94,31 +110,34 @@ def audience_history(ledger: Ledger, audience: tuple[str, str]) -> list[Audience
     from the log alone. A credential's token digest is left out: it is nobody's business here."""
     out: list[AudienceHistoryEvent] = []
     kind, ident = audience
-    with ledger.db.read() as conn:
-        for position, _agg, _ver, topic, state, event_id, _chain in ledger.recorder.scan_full(conn):
-            stored = EVENT_TYPES.resolve(topic)
-            if stored.type.name not in AUDIENCE_TYPES:
+    with ledger.db.read() as conn, closing(ledger.recorder.scan_full(conn)) as rows:
+        for row in rows:
+            if _type_at(row[0], row[3]) not in AUDIENCE_TYPES:
                 continue
-            data = stored.upcast(orjson.loads(state))
-            if (data.get("audience_kind"), data.get("audience_id")) != (kind, ident):
-                continue
-            summary: dict[str, Any] = {k: data[k] for k in _AUDIENCE_FIELDS if k in data}
-            for stored_name, shown in _AUDIENCE_TIMES.items():
-                if stored_name in data:
-                    summary[shown] = rfc3339(data[stored_name])
-            out.append(
-                cast(
-                    AudienceHistoryEvent,
-                    {
-                        "position": position,
-                        "event": stored.type.name,
-                        "event_id": event_id.hex(),
-                        "timestamp": data.get("timestamp"),
-                        **summary,
-                    },
-                )
-            )
+            found = decode_row(row[1], row[0], row[2], row[3], row[4])
+            data = found.data
+            if (data.get("audience_kind"), data.get("audience_id")) == (kind, ident):
+                out.append(_audience_event(found, row[5]))
     return out
+
+
+def _audience_event(found: Decoded, event_id: bytes) -> AudienceHistoryEvent:
+    """One binding or credential event as ``history --audience`` shows it."""
+    position, data = found.position, found.data
+    summary: dict[str, Any] = {k: data[k] for k in _AUDIENCE_FIELDS if k in data}
+    for stored_name, shown in _AUDIENCE_TIMES.items():
+        if stored_name in data:
+            summary[shown] = rfc3339(data[stored_name])
+    return cast(
+        AudienceHistoryEvent,
+        {
+            "position": position,
+            "event": found.type,
+            "event_id": event_id.hex(),
+            "timestamp": data.get("timestamp"),
+            **summary,
+        },
+    )
 
 
 def view_at(ledger: Ledger, audience: tuple[str, str], revision: int) -> PastView:
@@ -131,7 +150,7 @@ def view_at(ledger: Ledger, audience: tuple[str, str], revision: int) -> PastVie
             upto=ledger.recorder.head_in(conn).position,
             topics=EVENT_TYPES.topics_of(CATALOG_TYPES),
         ):
-            problem = replay.feed(position, *EVENT_TYPES.decode(topic, state))
+            problem = replay.feed(position, *decode_state(position, topic, state))
             if problem is not None:
                 raise IntegrityFailure(f"the log does not replay: {problem}", position=position)
             if revision in replay.revisions:

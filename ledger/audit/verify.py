@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 import orjson
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from domain.audit import LifecycleAuditor
 from domain.digests import ZERO_CHAIN, Purpose, hasher
@@ -30,6 +32,7 @@ from domain.event_types import (
     T_PREPARED,
     UnknownEventType,
 )
+from ledger.audit.export import row_damage
 from ledger.audit.proofs import b64
 from ledger.audit.replay import CATALOG_TYPES, CatalogReplay
 from ledger.log import merkle
@@ -132,9 +135,9 @@ def verify_log(
             chunk,
         )
     else:
-        with ledger.db.read() as conn:
+        with ledger.db.read() as conn, closing(_stored_rows(ledger, conn, report)) as stored:
             head = ledger.recorder.head_in(conn)
-            rows = ledger.recorder.scan_full(conn)
+            rows: Iterator[Row] = stored
             if replay:
                 rows = _replaying(rows, auditor, catalog, report, generations if sources else None)
             expected, chain = _verify_rows(rows, stack, report, progress, total)
@@ -161,7 +164,12 @@ def verify_log(
         _check_extension(report, cp, stack)
     if views:
         report.checks.append("views")
-        for result in ledger.runner.verify(ledger.db):
+        try:
+            results = ledger.runner.verify(ledger.db)
+        except IntegrityFailure as exc:  # a row the views' replay cannot decode
+            report.problems.append(Problem(exc.details.get("position"), "views", exc.message))
+            results = []
+        for result in results:
             if result.difference is not None:
                 d = result.difference
                 report.problems.append(
@@ -177,6 +185,59 @@ def verify_log(
     if progress is not None:
         progress(total, total)
     return report
+
+
+Row = tuple[int, bytes, int, bytes, bytes, bytes, bytes]
+
+
+def _stored_rows(
+    ledger: Ledger,
+    conn: Connection,
+    report: AuditReport,
+    *,
+    after: int = 0,
+    upto: int | None = None,
+) -> Generator[Row, None, None]:
+    """Every stored row, as ``scan_full`` gives it, without stopping at a damaged one.
+
+    A value not of its column's type (TEXT, an INTEGER or NULL where bytes are
+    declared: the export's definition of damaged, ``row_damage``) is a ``stored``
+    problem at its position; the row's stored bytes (a TEXT value's own bytes, nothing
+    for NULL) still go through the byte checks, so event id and chain are checked too.
+    """
+    for row in ledger.recorder.scan_stored(conn, after=after, upto=upto):
+        position, agg, version, topic, state, event_id, chain = row
+        if (
+            type(agg) is bytes
+            and type(version) is int
+            and type(topic) is bytes
+            and type(state) is bytes
+            and type(event_id) is bytes
+            and type(chain) is bytes
+        ):
+            yield row  # type: ignore[misc]  # checked just above
+            continue
+        at = int(position)  # type: ignore[call-overload]  # the integer primary key
+        for column, problem in row_damage(row).items():
+            report.problems.append(Problem(at, "stored", f"{column} {problem}"))
+        yield (
+            at,
+            _as_bytes(agg),
+            version if type(version) is int else 0,
+            _as_bytes(topic),
+            _as_bytes(state),
+            _as_bytes(event_id),
+            _as_bytes(chain),
+        )
+
+
+def _as_bytes(value: object) -> bytes:
+    """The bytes a damaged cell holds: a TEXT value's own bytes, an INTEGER's digits."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    return b"" if value is None else str(value).encode()
 
 
 _U64 = struct.Struct(">Q").pack
@@ -263,7 +324,7 @@ def _chain_worker(url: str, after: int, upto: int, chunk: int, results: Any) -> 
             if after:
                 rows = ledger.recorder.read_rows(conn, after=after - 1, upto=after, limit=1)
                 chain = rows[0].chain if rows else ZERO_CHAIN
-            scan = ledger.recorder.scan_full(conn, after=after, upto=upto)
+            scan = _stored_rows(ledger, conn, report, after=after, upto=upto)
             start = after
             while start < upto and not report.problems:
                 end = min(start + chunk, upto)
@@ -287,8 +348,7 @@ def _chain_worker(url: str, after: int, upto: int, chunk: int, results: Any) -> 
                 else:
                     tail = stack.stack
                 start = end
-            for _ in scan:  # finish the scan's cursor before the store closes
-                pass
+            scan.close()  # the scan's cursor, before the store closes
         db.close()
         results.put(("ok", after, roots, tail, chain, [p.to_json() for p in report.problems]))
     except BaseException as exc:  # reported to the parent, never a traceback
@@ -368,11 +428,10 @@ def _replaying(
             try:
                 data = orjson.loads(row[4])
             except orjson.JSONDecodeError:
-                report.problems.append(Problem(row[0], "replay", "the state is not JSON"))
-                yield row
-                return
-            if not isinstance(data, dict):
-                report.problems.append(Problem(row[0], "replay", "the state is not an object"))
+                data = None
+            if not isinstance(data, dict):  # the export's definition of a damaged state
+                found = row_damage(row).get("state", "is not a JSON object")
+                report.problems.append(Problem(row[0], "stored", f"state {found}"))
                 yield row
                 return
             data = stored.upcast(data)

@@ -17,6 +17,7 @@ caller ever sees a driver exception or a traceback.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 import time
@@ -30,7 +31,14 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
-from domain.errors import Conflict, InvalidInput, LedgerError, Permission, Unavailable
+from domain.errors import (
+    Conflict,
+    IntegrityFailure,
+    InvalidInput,
+    LedgerError,
+    Permission,
+    Unavailable,
+)
 from ledger.log.sqltypes import mysql_errors
 
 Dialect = Literal["sqlite", "mysql"]
@@ -423,6 +431,9 @@ def _root(exc: BaseException) -> BaseException:
     return orig if isinstance(orig, BaseException) else exc
 
 
+_UTF8_COLUMN = re.compile(r"Could not decode to UTF-8 column '([^']*)'")
+
+
 def translate(exc: BaseException) -> LedgerError:
     """Map a driver or SQLAlchemy failure onto the typed errors of DESIGN.md."""
     if isinstance(exc, LedgerError):
@@ -439,6 +450,17 @@ def translate(exc: BaseException) -> LedgerError:
             return Conflict(f"the database is busy: {text}", driver_error=text)
         if isinstance(root, sqlite3.IntegrityError):
             return Conflict(f"a concurrent write won: {text}", driver_error=text)
+        if lowered.startswith("could not decode to utf-8 column"):
+            # A TEXT cell holding bytes that are not UTF-8: SQLite's dynamic typing lets a
+            # hand edit (``CAST(x AS TEXT)`` of binary) store it. The row is tampered
+            # (INTEGRITY naming the column); the driver's text would print those bytes.
+            found = _UTF8_COLUMN.match(text)
+            column = found.group(1) if found else None
+            return IntegrityFailure(
+                f"a stored cell of column {column} is TEXT that is not UTF-8, not the value "
+                "its column declares; the row was edited outside the store",
+                column=column,
+            )
         if "no such table" in lowered:
             return InvalidInput(
                 "the database has no Catalog Ledger schema; run `catalog-ledger init`",

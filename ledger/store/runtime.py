@@ -7,7 +7,7 @@ inside one connection, so a decision is made on one consistent snapshot
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 from uuid import UUID
@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 from domain.classifier import PackState
 from domain.coordination import CommandRecord, Lease, command_record_id, lease_id
 from domain.errors import IntegrityFailure
+from domain.event_types import unreadable
 from domain.identity import PackName
 from domain.lifecycle import (
     Generation,
@@ -74,12 +75,10 @@ class LogReader:
         self._mapper = ledger.app.mapper
 
     def get(self, aggregate: UUID, cls: type[A]) -> A | None:
-        stored = self.ledger.recorder.select_events_in(self.conn, aggregate)
+        stored = self.ledger.recorder.checked_events_of(self.conn, [aggregate])
         if not stored:
             return None
-        result: Any = None
-        for item in stored:
-            result = cast(Any, self._mapper.to_domain_event(item)).mutate(result)
+        result = self._mutated(stored)
         if not isinstance(result, cls):
             raise IntegrityFailure(
                 f"aggregate {aggregate} is a {type(result).__name__}, expected {cls.__name__}",
@@ -91,13 +90,11 @@ class LogReader:
         """``get`` of many aggregates, their events read in a few statements (one per
         ``_MANY`` ids) instead of one statement each."""
         found: dict[UUID, Aggregate | None] = dict.fromkeys(wanted)
-        by_id: dict[UUID, list[StoredEvent]] = {}
-        for stored in self.ledger.recorder.select_events_of(self.conn, list(wanted)):
-            by_id.setdefault(stored.originator_id, []).append(stored)  # type: ignore[arg-type]
+        by_id: dict[UUID, list[tuple[int, StoredEvent]]] = {}
+        for item in self.ledger.recorder.checked_events_of(self.conn, list(wanted)):
+            by_id.setdefault(item[1].originator_id, []).append(item)  # type: ignore[arg-type]
         for aggregate, events in by_id.items():
-            result: Any = None
-            for item in events:
-                result = cast(Any, self._mapper.to_domain_event(item)).mutate(result)
+            result = self._mutated(events)
             cls = wanted[aggregate]
             if not isinstance(result, cls):
                 raise IntegrityFailure(
@@ -106,6 +103,25 @@ class LogReader:
                 )
             found[aggregate] = result
         return found
+
+    def _mutated(self, events: Sequence[tuple[int, StoredEvent]]) -> Any:
+        """The aggregate ``events`` (position, stored event) build; an event whose fields
+        do not build it (a value of another type) is INTEGRITY naming its position."""
+        result: Any = None
+        for expected, (position, item) in enumerate(events, start=1):
+            if item.originator_version != expected:  # a row of it was edited away
+                raise IntegrityFailure(
+                    f"the log row at position {position} is version {item.originator_version} "
+                    f"of aggregate {item.originator_id}, whose version {expected} the log "
+                    "does not hold; the log was edited outside the store",
+                    position=position,
+                    aggregate_id=str(item.originator_id),
+                )
+            try:
+                result = cast(Any, self._mapper.to_domain_event(item)).mutate(result)
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                raise unreadable(position, exc) from None
+        return result
 
     def pack_states(self, packs: Iterable[PackName]) -> dict[PackName, PackState]:
         """``pack_state`` of every pack in ``packs``, read in bulk (two rounds: the
