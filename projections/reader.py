@@ -381,7 +381,7 @@ class CatalogReader:
             )
         number, digest, v2 = _revision_of(lineage)
         if checks.on(checks.HEAD) and (
-            revision is None or int(revision) != number or _text(content) != digest
+            type(revision) is not int or revision != number or _text(content) != digest
         ):
             raise _view_row(
                 "view_catalog_revision",

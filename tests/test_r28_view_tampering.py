@@ -31,6 +31,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
+from domain import audience_map
 from domain.errors import IntegrityFailure, LedgerError, Missing, Stale
 from ledger.audit.verify import verify_log
 from ledger.commands.service import CommandService
@@ -518,3 +519,43 @@ def test_r28_an_untampered_copy_passes_the_sweep_checks(sqlite_base: tuple[Base,
     assert all(isinstance(base.views[a], bytes) for a in ("app:one", "app:two"))
     assert base.views["app:never"] is Missing
     assert len(base.published) >= 3 and len(base.applied) > len(base.published)
+
+
+def test_r28_a_forged_leaf_key_on_a_new_audiences_path_never_reaches_the_log(
+    world: World,
+) -> None:
+    """Found by a hostile pass: a leaf whose key is rewritten (its hash kept, on the same
+    path) passes the parent-root check when a *new* audience's path ends at it (its old
+    value is absent, so the leaf is reused as stored), and the new root would be built
+    from the forged key. A leaf must hash its own key and value: else the map is made
+    afresh, and the root in the log is the true one (``audit verify`` recomputes it)."""
+    a1 = world.commit("alpha", 1)
+    spec = {f"app:t{i}": ["alpha"] for i in range(6)}
+    world.service.apply(world.manifest([world.official("alpha", a1)], _bindings(spec)))
+    with world.db.read() as conn:
+        leaves = conn.execute(
+            sa.text(
+                "SELECT depth, prefix, leaf_key FROM view_audience_map "
+                "WHERE leaf_key IS NOT NULL ORDER BY depth, prefix"
+            )
+        ).all()
+    depth, prefix, _key = leaves[0]
+    newcomer = next(
+        f"app:n{i}"
+        for i in range(10_000)
+        if audience_map.position_of(audience_map.key_of("app", f"n{i}"), depth)
+        == (depth, bytes(prefix))
+    )
+    # On the same path, but splitting from the newcomer's key at the last bit (the real
+    # key splits far higher): the tree built from it has another shape and root.
+    mine = audience_map.key_of(*newcomer.split(":"))
+    forged = mine[:-1] + bytes([mine[-1] ^ 0x01])
+    with world.db.write() as conn:
+        conn.execute(
+            sa.text("UPDATE view_audience_map SET leaf_key = :f WHERE depth = :d AND prefix = :p"),
+            {"f": forged, "d": depth, "p": bytes(prefix)},
+        )
+    spec[newcomer] = ["alpha"]
+    world.service.apply(world.manifest([world.official("alpha", a1)], _bindings(spec)))
+    report = verify_log(world.ledger, views=False)
+    assert report.problems == [] and report.revisions == 2

@@ -30,7 +30,16 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from domain.audience_map import Fetch, Node, Position, key_of, root_of, update
+from domain.audience_map import (
+    Fetch,
+    Node,
+    Position,
+    key_of,
+    leaf_hash,
+    position_of,
+    root_of,
+    update,
+)
 from domain.catalog import catalog_id
 from domain.classifier import (
     ACTIVATED,
@@ -550,17 +559,39 @@ def map_fetch(conn: Connection) -> Fetch | None:
                 sa.tuple_(t.c.depth, t.c.prefix).in_(chunk),
             )
             for depth, prefix, digest, key, value in conn.execute(query):
-                try:
-                    out[(int(depth), bytes(prefix))] = Node(
-                        bytes(digest),
-                        None if key is None else bytes(key),
-                        None if value is None else bytes(value),
-                    )
-                except (TypeError, ValueError):
-                    continue  # not a node: the root check refuses the map
+                place, node = _stored_node(depth, prefix, digest, key, value)
+                out[place] = node
         return out
 
     return fetch
+
+
+class _BadNode(ValueError):
+    """A stored map node that is not a node of any map (the view was edited)."""
+
+
+def _stored_node(
+    depth: object, prefix: object, digest: object, key: object, value: object
+) -> tuple[Position, Node]:
+    """A stored node, checked for what a root check cannot see: a leaf's hash is the
+    hash of its own key and value, and sits on its key's path; an inner node has
+    neither. Anything else is ``_BadNode`` (the map is then made afresh)."""
+    if type(depth) is not int or not all(type(v) is bytes for v in (prefix, digest)):
+        raise _BadNode("a node cell is not of the declared type")
+    assert isinstance(prefix, bytes) and isinstance(digest, bytes)
+    place = (depth, prefix)
+    if len(digest) != 32 or not 0 <= depth <= 256:
+        raise _BadNode(f"node {place} is malformed")
+    if key is None and value is None:
+        return place, Node(digest)
+    if not (type(key) is bytes and type(value) is bytes and len(key) == len(value) == 32):
+        raise _BadNode(f"leaf {place} is malformed")
+    assert isinstance(key, bytes) and isinstance(value, bytes)
+    if checks.on(checks.MAP) and (
+        leaf_hash(key, value) != digest or position_of(key, depth) != place
+    ):
+        raise _BadNode(f"leaf {place} does not hash its own key and value")
+    return place, Node(digest, key, value)
 
 
 def audiences_root(
@@ -580,9 +611,15 @@ def audiences_root(
         fetch = map_fetch(conn)
         if fetch is not None:
             old = {key_of(*a): _raw(before.get(a)) for a in changed}
-            if not checks.on(checks.MAP) or update(fetch, old).root.hex() == head.audiences_root:
-                new = {key_of(*a): _raw(d) for a, d in changed.items()}
-                return update(fetch, new).root.hex()
+            new = {key_of(*a): _raw(d) for a, d in changed.items()}
+            try:
+                if (
+                    not checks.on(checks.MAP)
+                    or update(fetch, old).root.hex() == head.audiences_root
+                ):
+                    return update(fetch, new).root.hex()
+            except _BadNode:
+                pass
             log.warning(
                 "the audience map view does not reproduce the parent revision's root; "
                 "this publication computes the map afresh",
