@@ -39,7 +39,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from domain.errors import Stale
+from domain.errors import IntegrityFailure, Stale
 from domain.event_types import EVENT_TYPES, decode_state
 from domain.log import LoggedEvent
 from ledger.log.sqltypes import BigInt, Binary, Blob, mysql_errors
@@ -593,6 +593,23 @@ class ProjectionState:
 
     @classmethod
     def from_row(cls, row: Any) -> ProjectionState:
+        """A ``projection_state`` row; a cell that is not what the schema declares is an
+        edited row: INTEGRITY naming the table (never an internal error)."""
+        try:
+            return cls._from_row(row)
+        except (TypeError, ValueError, AttributeError) as exc:  # orjson's: a ValueError
+            name = row.name if isinstance(row.name, bytes) else None
+            raise IntegrityFailure(
+                f"a projection_state row is not what the schema declares "
+                f"({type(exc).__name__}: {exc}); the views can be made afresh from the "
+                "log: `catalog-ledger export --jsonl --out log.jsonl`, then `init` and "
+                "`import --jsonl log.jsonl` into a new store",
+                table="projection_state",
+                view=name.decode(errors="replace") if name is not None else None,
+            ) from None
+
+    @classmethod
+    def _from_row(cls, row: Any) -> ProjectionState:
         return cls(
             name=bytes(row.name).decode(),
             code_version=int(row.code_version),
