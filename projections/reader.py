@@ -325,8 +325,15 @@ class CatalogReader:
             header = rows[0]
             stopped, revision, content, recorded = header[:4]
             for view, built_with in zip(_SERVED, header[4:8], strict=True):
+                if built_with is not None and type(built_with) is not int:
+                    raise IntegrityFailure(
+                        f"the code version of view {view.name} in projection_state is not "
+                        "an integer: the row was edited",
+                        table="projection_state",
+                        view=view.name,
+                    )
                 if built_with is not None and built_with != view.version:
-                    raise code_mismatch(view.name, int(built_with), view.version)
+                    raise code_mismatch(view.name, built_with, view.version)
             if stopped:
                 raise Stale(
                     "a catalog view is stopped and behind the log; it is not served "

@@ -42,6 +42,7 @@ from projections import checks
 from projections.framework import state_table
 from projections.reader import CatalogReader, _verified, parse_audience
 from projections.registry import ALL_PROJECTIONS
+from tests.cli_inprocess import cli_json
 from tests.conftest import Server
 from tests.lifecycle_support import World
 
@@ -559,3 +560,32 @@ def test_r28_a_forged_leaf_key_on_a_new_audiences_path_never_reaches_the_log(
     world.service.apply(world.manifest([world.official("alpha", a1)], _bindings(spec)))
     report = verify_log(world.ledger, views=False)
     assert report.problems == [] and report.revisions == 2
+
+
+@pytest.mark.parametrize("column", ["position", "live_version", "code_version"])
+def test_r28_a_projection_state_cell_of_another_type_is_integrity_naming_the_table(
+    sqlite_url: str, tmp_path: Path, column: str
+) -> None:
+    """Found by a hostile pass: a text cell in ``projection_state`` was an internal error
+    (exit 1) for every command; it is an edited row (INTEGRITY naming the table)."""
+    world = World(tmp_path, sqlite_url)
+    world.service.apply(
+        world.manifest(
+            [world.official("alpha", world.commit("alpha", 1))], _bindings({"app:one": ["alpha"]})
+        )
+    )
+    world.close()
+    served = cli_json("--db", sqlite_url, "view", "app:one")
+    with open_database(sqlite_url).write() as conn:
+        conn.execute(sa.text(f"UPDATE projection_state SET {column} = 'abc'"))
+    for args in (("publish",), ("status",)):
+        code, error = cli_json("--db", sqlite_url, *args)
+        assert (code, error["error"], error["details"]["table"]) == (
+            6,
+            "INTEGRITY",
+            "projection_state",
+        ), (args, error)
+    # The reader reads the state in its own statement: INTEGRITY, or the untampered view
+    # where the edited cell takes no part in what it serves (a position).
+    code, out = cli_json("--db", sqlite_url, "view", "app:one")
+    assert (code, out) == served or (code, out["error"]) == (6, "INTEGRITY"), out
