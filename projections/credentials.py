@@ -17,6 +17,7 @@ from typing import Any, ClassVar, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from domain.errors import IntegrityFailure
 from domain.event_types import T_CREDENTIAL_ISSUED, T_CREDENTIAL_REVOKED
 from ledger.log.sqltypes import BigInt, Binary, dec, enc
 from projections.framework import (
@@ -159,7 +160,13 @@ def credential_rows(
     if live_only:
         query = query.where(t.c.revoked_at_us.is_(None))
     for r in conn.execute(query.order_by(t.c.issued_at_us, t.c.credential_id)):
-        yield CredentialRow(
+        yield _credential(r)
+
+
+def _credential(r: Any) -> CredentialRow:
+    """One stored row; a cell of another type is an edited row (INTEGRITY, R28)."""
+    try:
+        return CredentialRow(
             credential_id=dec(r.credential_id),
             audience_kind=dec(r.audience_kind),
             audience_id=dec(r.audience_id),
@@ -168,3 +175,9 @@ def credential_rows(
             expires_at_us=None if r.expires_at_us is None else int(r.expires_at_us),
             revoked_at_us=None if r.revoked_at_us is None else int(r.revoked_at_us),
         )
+    except (TypeError, ValueError, AttributeError) as exc:  # UnicodeDecodeError too
+        raise IntegrityFailure(
+            f"a row of the credential view is not what the schema declares ({exc})",
+            rule="R28",
+            table="view_credential",
+        ) from None

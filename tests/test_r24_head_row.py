@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
+from ledger.log.db import open_database
 from tests.cli_inprocess import cli_json
 from tests.gitrepo import push_closure
 from tests.lifecycle_support import World
@@ -322,3 +324,28 @@ def test_r24_a_missing_head_row_over_an_empty_log_names_init(world: World) -> No
     code, error = cli_json("--db", world.url, "status")
     assert (code, error["error"]) == (6, "INTEGRITY"), error
     assert "ledger_head" in error["message"] and "run `catalog-ledger init`" in error["message"]
+
+
+def test_r24_a_head_row_of_another_type_is_unsafe_and_doctor_repair_restores_it(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """Found by a hostile pass: a head position stored as text made every command, doctor
+    included, an internal error; it is an unsafe difference that --repair rebuilds."""
+    world = World(tmp_path, sqlite_url)
+    world.apply(world.official("sales", world.commit("sales", 1)))
+    head = world.head()
+    world.close()
+    with open_database(sqlite_url).write() as conn:
+        conn.execute(sa.text("UPDATE ledger_head SET position = 'abc'"))
+    code, status = cli_json("--db", sqlite_url, "status")
+    assert (code, status["error"]) == (6, "INTEGRITY"), status
+    code, doctor = cli_json("--db", sqlite_url, "doctor")
+    assert doctor["ok"] is False and any(
+        d["object"] == "ledger_head" and not d["safe"] for d in doctor["differences"]
+    ), (code, doctor)
+    code, repaired = cli_json("--db", sqlite_url, "doctor", "--repair")
+    assert code == 0, repaired
+    code, status = cli_json("--db", sqlite_url, "status")
+    assert code == 0, status
+    code, verified = cli_json("--db", sqlite_url, "audit", "verify")
+    assert (code, verified["size"]) == (0, head), verified

@@ -10,6 +10,7 @@ test bites.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -93,3 +94,34 @@ def test_r28_with_the_credential_check_off_the_edit_would_authenticate(
     authenticator = _authenticator(world)
     token = EDITS[edit](world, issued["credential_id"], issued["token"])
     assert authenticator.authenticate(f"Bearer {token}").audience.kind.value == "app"
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_r28_credentials_list_shows_no_row_the_log_does_not_confirm(
+    world: World, edit: str
+) -> None:
+    issued = world.service.credentials_issue("app:one")
+    world.ledger.runner.catch_up(world.db, "credential")
+    EDITS[edit](world, issued["credential_id"], issued["token"])
+    with pytest.raises(IntegrityFailure) as caught:
+        world.service.credentials_list()
+    assert caught.value.details["table"] == "view_credential"
+
+
+@pytest.mark.parametrize(
+    ("column", "value"), [("issued_at_us", "abc"), ("expires_at_us", "zz"), ("token_digest", "ab")]
+)
+def test_r28_a_credential_cell_of_another_type_is_integrity_never_an_internal_error(
+    sqlite_url: str, tmp_path: Path, column: str, value: str
+) -> None:
+    """Found by a hostile pass: such a cell was a 503 "internal error" over HTTP."""
+    world = World(tmp_path, sqlite_url)
+    issued = world.service.credentials_issue("app:one")
+    authenticator = _authenticator(world)
+    _edit(world, f"UPDATE {{t}} SET {column} = :v", v=value)
+    with pytest.raises(IntegrityFailure) as caught:
+        authenticator.authenticate(f"Bearer {issued['token']}")
+    assert caught.value.details["table"] == "view_credential"
+    with pytest.raises(IntegrityFailure):
+        world.service.credentials_list()
+    world.close()

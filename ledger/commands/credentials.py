@@ -35,6 +35,7 @@ from domain.errors import Conflict, Missing
 from domain.identity import Audience
 from ledger.commands.core import ServiceCore
 from ledger.observability import get_logger, logged_command
+from ledger.store import credential_log
 from projections.credentials import CredentialRow, CredentialView, credential_rows
 from projections.queries import require_running
 
@@ -190,4 +191,5 @@ class CredentialCommands(ServiceCore):
         now = self._now_us()
         with self.ledger.db.read() as conn:
             rows = list(credential_rows(conn, audience=scope))
+            credential_log.confirm(self.ledger.recorder, conn, rows)  # R28
         return {"credentials": [_row_info(r, now) for r in rows]}

@@ -44,17 +44,14 @@ from typing import Any
 
 from domain.credentials import (
     AUDIENCE_URI_PREFIX,
-    credential_aggregate_id,
     parse_audience_uri,
     token_digest,
 )
 from domain.digests import lp
 from domain.errors import IntegrityFailure, InvalidInput, Unauthenticated
-from domain.event_types import T_CREDENTIAL_ISSUED
 from domain.identity import Audience, AudienceKind, Identity
 from ledger.http.tls import san_uris
-from projections.checks import CREDENTIAL
-from projections.checks import on as check_on
+from ledger.store import credential_log
 from projections.credentials import CredentialRow, credential_rows
 
 #: How often the live credentials are re-read: a revocation bites within this.
@@ -224,38 +221,13 @@ class Authenticator:
 
 
 def log_confirmer(ledger: Any) -> Callable[[CredentialRow], None]:
-    """Checks a live credential row of the view against the credential's events (R28):
-    issued with the same audience, token digest and times, and not revoked since. A row
-    the log does not confirm (edited, forged, or revoked in the log) is INTEGRITY naming
-    ``view_credential`` — never a caller."""
+    """Checks a live credential row of the view against the credential's events (R28,
+    ``ledger.store.credential_log``): a row the log does not confirm (edited, forged,
+    or revoked in the log) is INTEGRITY naming ``view_credential`` — never a caller."""
 
     def confirm(row: CredentialRow) -> None:
-        if not check_on(CREDENTIAL):
-            return
-        aggregate = credential_aggregate_id(row.credential_id)
         with ledger.db.read() as conn:
-            first = ledger.recorder.first_events(conn, [aggregate]).get(aggregate)
-            last = ledger.recorder.last_events(conn, [aggregate]).get(aggregate)
-        issued = None if first is None or first.type != T_CREDENTIAL_ISSUED else first.data
-        if (
-            issued is None
-            or last is None
-            or last.type != T_CREDENTIAL_ISSUED
-            or issued.get("credential_id") != row.credential_id
-            or issued.get("audience_kind") != row.audience_kind
-            or issued.get("audience_id") != row.audience_id
-            or issued.get("token_digest") != row.token_digest.hex()
-            or issued.get("issued_at_us") != row.issued_at_us
-            or issued.get("expires_at_us") != row.expires_at_us
-        ):
-            raise IntegrityFailure(
-                f"credential {row.credential_id} of the credential view is not what the log "
-                "issued (or the log revoked it): a view row was edited or added; "
-                "`catalog-ledger projections rebuild credential` restores it from the log",
-                rule="R28",
-                table="view_credential",
-                key={"credential_id": row.credential_id},
-            )
+            credential_log.confirm(ledger.recorder, conn, [row])
 
     return confirm
 
