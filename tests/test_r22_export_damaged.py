@@ -316,6 +316,8 @@ def test_r24_export_of_a_store_whose_head_row_is_damaged_is_refused_naming_it(
     conn.close()
     out = tmp_path / "export.jsonl"
     code, error = cli_json("--db", f"sqlite:///{path}", "export", "--jsonl", "--out", str(out))
-    assert (code, error["error"], error["details"]["table"]) == (6, "INTEGRITY", "ledger_head")
-    assert "doctor --repair" in error["message"]
+    assert (code, error["error"]) == (6, "INTEGRITY"), error
+    (difference,) = error["details"]["differences"]
+    assert (difference["object"], difference["safe"]) == ("ledger_head", False), error
+    assert "doctor --repair" in difference["found"], error
     assert not out.exists() or out.read_bytes() == b""
