@@ -282,13 +282,6 @@ def content_authority(
     components = component_facts(
         pack, install_id, payload_hash, (c.to_json() for c in content.components)
     )
-    return PackAuthority(
-        pack=pack,
-        source_kind="official_repo",
-        install_id=install_id,
-        revision=revision,
-        epoch=epoch,
-        payload_hash=payload_hash,
-        dirty=False,
-        components=components,
+    return PackAuthority.official(
+        [pack, install_id, revision, epoch, payload_hash], components, dirty=False
     )

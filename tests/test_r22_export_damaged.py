@@ -173,7 +173,8 @@ def _exported(url: str, out: Path) -> list[bytes]:
     return out.read_bytes().splitlines(keepends=True)
 
 
-def _edit_sqlite(path: Path, sql: str) -> None:
+def edit_sqlite_log(path: Path, sql: str) -> None:
+    """Run one hand edit of a ``ledger_events`` row (a NULL one drops NOT NULL first)."""
     conn = sqlite3.connect(path)
     try:
         if "NULL" in sql:  # NOT NULL forbids it: drop the constraint as a hand edit would
@@ -239,7 +240,7 @@ def test_r22_export_of_a_damaged_sqlite_store_writes_every_row_verbatim_and_exit
     source, before = healthy
     path = tmp_path / "store.db"
     shutil.copy(source, path)
-    _edit_sqlite(path, SQLITE_CASES[case][0])
+    edit_sqlite_log(path, SQLITE_CASES[case][0])
     _check_damaged_export(f"sqlite:///{path}", tmp_path, before, SQLITE_CASES[case])
 
 
@@ -283,7 +284,7 @@ def test_r22_a_damaged_export_to_stdout_is_complete_and_import_refuses_it(
     source, before = healthy
     path = tmp_path / "store.db"
     shutil.copy(source, path)
-    _edit_sqlite(path, SQLITE_CASES["truncated_state"][0])
+    edit_sqlite_log(path, SQLITE_CASES["truncated_state"][0])
     url = f"sqlite:///{path}"
     result = cli("--db", url, "export", "--jsonl")
     assert result.code == 6

@@ -31,6 +31,7 @@ from ledger.log.db import open_database
 from tests.cli_inprocess import cli, cli_json
 from tests.conftest import Server
 from tests.lifecycle_support import World
+from tests.test_r22_export_damaged import edit_sqlite_log
 from tests.test_r28_view_tampering import _bindings
 
 _CLOCK = 1_900_000_000.0
@@ -162,26 +163,7 @@ def mariadb_base(tmp_path_factory: pytest.TempPathFactory, mysql_server: Server)
 
 
 def _edit_sqlite(url: str, sql: str) -> None:
-    path = url.removeprefix("sqlite:///")
-    conn = sqlite3.connect(path)
-    try:
-        if "NULL" in sql:  # NOT NULL forbids it: drop the constraint as a hand edit would
-            conn.execute("PRAGMA writable_schema = ON")
-            (ddl,) = conn.execute(
-                "SELECT sql FROM sqlite_master WHERE name = 'ledger_events'"
-            ).fetchone()
-            assert "state BLOB NOT NULL" in ddl
-            conn.execute(
-                "UPDATE sqlite_master SET sql = ? WHERE name = 'ledger_events'",
-                (ddl.replace("state BLOB NOT NULL", "state BLOB"),),
-            )
-            conn.commit()
-            conn.close()
-            conn = sqlite3.connect(path)
-        assert conn.execute(sql).rowcount == 1
-        conn.commit()
-    finally:
-        conn.close()
+    edit_sqlite_log(Path(url.removeprefix("sqlite:///")), sql)
 
 
 def _edit_mariadb(url: str, sql: str) -> None:
