@@ -42,7 +42,7 @@ from ledger.log.db import Database, open_database
 from ledger.log.recorder import LedgerRecorder
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
-from tests.gitrepo import Repo
+from tests.support.gitrepo import Repo
 
 
 def pack_files(packs: range, release: int = 0, changed: int | None = None) -> dict[str, bytes]:

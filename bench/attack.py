@@ -7,7 +7,7 @@ the blank line that would end its headers (the "slowloris" attack). A connection
 the server drops is opened again at once, so the server is under the same pressure
 for as long as the attack lasts. Loopback only: it is a test and benchmark tool.
 
-Used by the bounded serving test (tests/test_r26_serve_limits.py) and by
+Used by the bounded serving test (tests/e2e/test_r26_serve_limits.py) and by
 ``bench.http``'s ``/healthz`` p99 under attack.
 """
 

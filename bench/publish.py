@@ -55,7 +55,7 @@ from ledger.commands.sources import MAX_MANIFEST_BYTES, read_input_file
 from ledger.log.db import open_database
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
-from tests.gitrepo import Repo
+from tests.support.gitrepo import Repo
 
 BASE_PACKS, COMPONENTS, BASE_AUDIENCES, PER_AUDIENCE = 250, 20, 1000, 10
 

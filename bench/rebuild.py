@@ -41,7 +41,7 @@ from ledger.log.db import Database, open_database
 from ledger.store.init import init_store
 from ledger.store.rebuild import default_workers
 from ledger.store.runtime import Ledger
-from tests.history import bulk_history
+from tests.support.history import bulk_history
 
 PACKS_PER_ROUND_EVENTS = 5  # events per pack per advance round
 _DECODE_PAGE = 20_000

@@ -27,8 +27,8 @@ from sqlalchemy.engine import make_url
 from bench.common import DEFAULT_MYSQL, mysql_connect, mysql_scratch
 from ledger.log.db import Database, open_database
 from ledger.store.init import init_store
-from tests.cluster_support import GaleraCluster, ReplicaPair, running
-from tests.lifecycle_support import World
+from tests.support.cluster_support import GaleraCluster, ReplicaPair, running
+from tests.support.lifecycle_support import World
 
 MYSQL_ENV = "CATALOG_LEDGER_TEST_MYSQL"
 

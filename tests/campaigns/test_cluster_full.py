@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from tests.cli_inprocess import cli_json
-from tests.cluster_checks import node_report, one_winner_per_epoch, settle
-from tests.cluster_support import GaleraCluster, status_value
-from tests.concurrency_worker import build
+from tests.support.cli_inprocess import cli_json
+from tests.support.cluster_checks import node_report, one_winner_per_epoch, settle
+from tests.support.cluster_support import GaleraCluster, status_value
+from tests.support.concurrency_worker import build
 
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = float(os.environ.get("CATALOG_LEDGER_CAMPAIGN_SECONDS", "60"))
@@ -118,7 +118,7 @@ def run_campaign(
             path.write_text(json.dumps(config), encoding="utf-8")
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "tests.cluster_worker", str(path)],
+                    [sys.executable, "-m", "tests.support.cluster_worker", str(path)],
                     cwd=ROOT,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,

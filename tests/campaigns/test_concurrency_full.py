@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.concurrency_support import race
+from tests.support.concurrency_support import race
 
 SECONDS = float(os.environ.get("CATALOG_LEDGER_CAMPAIGN_SECONDS", "60"))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Server
-from tests.crash_support import sweep
+from tests.support.crash_support import sweep
 
 
 @pytest.mark.campaign

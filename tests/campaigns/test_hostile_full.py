@@ -1,4 +1,4 @@
-"""Hostile-input campaign (issue 8, item 4): the properties of ``tests/test_hostile_input.py``
+"""Hostile-input campaign (issue 8, item 4): the properties of ``tests/e2e/test_hostile_input.py``
 with many more examples, on SQLite files and on the MariaDB/MySQL server.
 
 Run::
@@ -21,8 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from domain.identity import Identity, SourceRevision
-from tests import test_hostile_input as h
-from tests.cli_support import ServedStore
+from tests.e2e import test_hostile_input as h
+from tests.support.cli_support import ServedStore
 
 EXAMPLES = int(os.environ.get("CATALOG_LEDGER_HOSTILE_EXAMPLES", "300"))
 PURE = EXAMPLES * 10

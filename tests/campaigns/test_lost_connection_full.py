@@ -1,6 +1,6 @@
 """Lost-connection campaign on MariaDB: drop at every client packet of a whole command.
 
-``tests/test_lost_connection.py`` aims at the interesting points (the COMMIT
+``tests/engines/test_lost_connection.py`` aims at the interesting points (the COMMIT
 of the recording append, statements inside it). This sweep aims everywhere:
 a counting run measures how many client->server packets one ``apply`` (or one
 ``publish``) sends through the proxy on fresh connections - handshakes, pings,
@@ -31,10 +31,7 @@ from domain.errors import LedgerError
 from ledger.commands.service import CommandService
 from ledger.log.db import open_database
 from ledger.store.runtime import Ledger
-from tests.cli_support import run_cli
-from tests.lifecycle_support import World
-from tests.tcp_proxy import DropMode, MySQLProxy, Packet
-from tests.test_lost_connection import (
+from tests.engines.test_lost_connection import (
     assert_log_sound,
     assert_retry_classified,
     newest_statuses,
@@ -44,6 +41,9 @@ from tests.test_lost_connection import (
     release,
     world,
 )
+from tests.support.cli_support import run_cli
+from tests.support.lifecycle_support import World
+from tests.support.tcp_proxy import DropMode, MySQLProxy, Packet
 
 __all__ = ["proxy", "world"]  # the fast module's fixtures
 

@@ -1,4 +1,4 @@
-"""Lifecycle model check, full (make campaign): the state machine of ``tests/test_model.py``
+"""Lifecycle model check, full (make campaign): the state machine of ``tests/rules/test_model.py``
 with many more examples and longer runs, on SQLite files and on MariaDB.
 
 ``CATALOG_LEDGER_MODEL_EXAMPLES`` (default 200) and ``CATALOG_LEDGER_MODEL_STEPS``
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.test_model import Harness, harness, run_model
+from tests.rules.test_model import Harness, harness, run_model
 
 EXAMPLES = int(os.environ.get("CATALOG_LEDGER_MODEL_EXAMPLES", "200"))
 STEPS = int(os.environ.get("CATALOG_LEDGER_MODEL_STEPS", "60"))

@@ -23,8 +23,8 @@ from ledger.commands.core import LeaseLost
 from ledger.log.db import Database, open_database
 from ledger.log.recorder import LedgerRecorder
 from ledger.store.init import init_store
-from tests.cli_inprocess import cli
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli
+from tests.support.lifecycle_support import World
 
 
 def _store(url: str) -> Database:

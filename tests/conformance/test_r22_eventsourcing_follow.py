@@ -25,11 +25,11 @@ from domain.event_types import EVENT_TYPES
 from ledger.log.db import Database, open_database
 from ledger.log.recorder import LedgerRecorder
 from ledger.store.follow import LedgerLog
-from tests.lifecycle_support import World
-from tests.support import Note
+from tests.support.lifecycle_support import World
+from tests.support.notes import Note
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = ROOT / "tests" / "fixtures" / "golden_v0"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "conformance" / "fixtures" / "golden_v0"
 
 
 def readme_example() -> str:

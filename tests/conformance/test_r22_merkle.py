@@ -30,7 +30,7 @@ from domain.errors import IntegrityFailure, InvalidInput
 from ledger.log import merkle
 from ledger.log.merkle import MerkleProofError
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "rfc6962"
+VECTORS = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "rfc6962"
 
 # The inputs the vectors were generated from: the RFC 6962 reference leaves
 # (their 8-leaf root is 5dc9da79…4328, the root of inclusion/1/happy-path).
@@ -512,8 +512,8 @@ def proof_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """An inclusion proof of position 5 and a consistency proof from size 3, from a real
     SQLite store, with the checkpoint they were made against (the check is offline: no
     engine is involved in what these tests prove)."""
-    from tests.cli_inprocess import cli, cli_json
-    from tests.lifecycle_support import World
+    from tests.support.cli_inprocess import cli, cli_json
+    from tests.support.lifecycle_support import World
 
     tmp = tmp_path_factory.mktemp("proofs")
     world = World(tmp, f"sqlite:///{tmp / 'ledger.db'}")
@@ -538,7 +538,7 @@ def proof_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _verify(files: dict[str, Any], document: dict[str, Any]) -> tuple[int, Any]:
-    from tests.cli_inprocess import cli_json
+    from tests.support.cli_inprocess import cli_json
 
     path = files["folder"] / "edited.json"
     path.write_text(json.dumps(document))

@@ -25,7 +25,7 @@ from ledger.log.recorder import LedgerRecorder
 from ledger.log.transcoder import OrjsonTranscoder
 from ledger.store.follow import LedgerLog
 from ledger.store.init import init_store
-from tests.support import Note
+from tests.support.notes import Note
 
 CIPHER_KEY = "m3Rm0xMu3GYxAWnU8/ZGdSHnFBZaGGhXjtqUP3+WZ6o="  # a random AES-256 key, base64
 
@@ -162,6 +162,6 @@ def test_r22_snapshotting_asked_for_in_env_is_pinned_off(db: Database, engine_ur
 
 
 def test_r22_pinned_settings_are_documented_in_the_readme() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert "IS_SNAPSHOTTING_ENABLED" in readme
     assert "COMPRESSOR_TOPIC" in readme

@@ -1,6 +1,6 @@
 """R23: the golden store written by 0.1.0 (log format v0) stays readable, forever.
 
-``tests/fixtures/golden_v0/store.db`` was written by catalog-ledger 0.1.0
+``tests/conformance/fixtures/golden_v0/store.db`` was written by catalog-ledger 0.1.0
 (commit 132e5f9) with ``build.py`` beside it; ``expected.json`` holds what
 0.1.0 answered on it. Every release must open that exact file, audit it to
 the same root and chain, rebuild identical views, serve identical view
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from domain.served import fact_bytes, fact_digest
-from tests.cli_inprocess import cli, cli_json
-from tests.gitrepo import component, manifest, pack_json
+from tests.support.cli_inprocess import cli, cli_json
+from tests.support.gitrepo import component, manifest, pack_json
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden_v0"
 #: The fixture files themselves: any change to them fails here first.

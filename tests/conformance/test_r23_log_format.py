@@ -21,12 +21,12 @@ from ledger.cli.app import dump_json
 from ledger.log.db import open_database
 from ledger.log.recorder import LedgerRecorder
 from ledger.store.init import init_store
-from tests import reference_verifier as ref
-from tests.cli_inprocess import cli, cli_json
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World
+from tests.support import reference_verifier as ref
+from tests.support.cli_inprocess import cli, cli_json
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "schema" / "vectors" / "log"
 V1_TOPIC = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+@[1-9][0-9]*")
 
@@ -58,7 +58,7 @@ def realistic(world: World) -> list[str]:
 
 
 def world_content(name: str, version: int) -> bytes:
-    from tests.lifecycle_support import content
+    from tests.support.lifecycle_support import content
 
     return content(name, version)
 
@@ -162,7 +162,9 @@ def test_r23_reference_verifier_agrees_with_every_vector() -> None:
 
 
 def test_r23_reference_verifier_imports_only_hashlib_blake3_and_the_stdlib() -> None:
-    tree = ast.parse((ROOT / "tests" / "reference_verifier.py").read_text(encoding="utf-8"))
+    tree = ast.parse(
+        (ROOT / "tests" / "support" / "reference_verifier.py").read_text(encoding="utf-8")
+    )
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -206,7 +208,7 @@ def test_r23_reference_verifier_agrees_with_an_exported_store(world: World, tmp_
 
 
 def test_r23_reference_verifier_agrees_with_the_golden_v0_export() -> None:
-    golden = ROOT / "tests" / "fixtures" / "golden_v0"
+    golden = ROOT / "tests" / "conformance" / "fixtures" / "golden_v0"
     expected = json.loads((golden / "expected.json").read_text(encoding="utf-8"))["audit_verify"]
     # 0.1's export had no state_b64; its rows were JSON, stored as orjson sorted-key bytes.
     conn = sqlite3.connect(golden / "store.db")

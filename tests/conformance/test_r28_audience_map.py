@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain import audience_map as m
-from tests import reference_audience_map as ref
+from tests.support import reference_audience_map as ref
 
-VECTORS = Path(__file__).resolve().parents[1] / "schema" / "vectors" / "log" / "audience_map.json"
+VECTORS = Path(__file__).resolve().parents[2] / "schema" / "vectors" / "log" / "audience_map.json"
 
 _names = st.tuples(st.sampled_from(["app", "integration"]), st.text(max_size=6))
 _digest = st.binary(min_size=32, max_size=32)

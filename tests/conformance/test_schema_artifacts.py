@@ -8,7 +8,7 @@ import pytest
 
 from ledger.store.init import ddl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "mysql"])

@@ -18,9 +18,9 @@ import pytest
 from domain.errors import IntegrityFailure, Missing, UsageError
 from ledger.api import Store, open_store
 from ledger.cli import cli
-from tests.cli_inprocess import cli_json
+from tests.support.cli_inprocess import cli_json
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 

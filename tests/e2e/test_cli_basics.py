@@ -14,8 +14,8 @@ import pytest
 
 from ledger.log.application import LedgerApplication
 from ledger.log.db import open_database
-from tests.cli_support import run_cli
-from tests.support import Note
+from tests.support.cli_support import run_cli
+from tests.support.notes import Note
 
 
 def test_r22_init_is_idempotent_and_log_shows_chain(engine_url: str, tmp_path: Path) -> None:
@@ -235,8 +235,8 @@ def test_r25_status_and_view_on_sqlite_import_no_server_audit_or_commands(
 ) -> None:
     """Issue 25.7: `status` and `view` on a SQLite store answer without importing the
     HTTP server, the audit and export modules, the commands, signing or PyMySQL."""
-    from tests.gitrepo import push_closure
-    from tests.lifecycle_support import World
+    from tests.support.gitrepo import push_closure
+    from tests.support.lifecycle_support import World
 
     world = World(tmp_path, f"sqlite:///{tmp_path / 'catalog.db'}")
     try:

@@ -76,11 +76,11 @@ from domain.identity import (
 from ledger.cli.app import run as cli_run
 from ledger.log.checkpoint import Checkpoint, SignerKey, VerifierKey
 from projections.reader import parse_revision
-from tests.cli_support import ServedStore
-from tests.gitrepo import local, official, pack_json, sales_closure, sales_doc
-from tests.lifecycle_support import World
+from tests.support.cli_support import ServedStore
+from tests.support.gitrepo import local, official, pack_json, sales_closure, sales_doc
+from tests.support.lifecycle_support import World
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).with_name("catalog-ledger"))
 T = TypeVar("T")
 

@@ -19,10 +19,10 @@ from domain.lifecycle import GenerationStatus
 from domain.log import first_chain_break
 from domain.matrix import Advance
 from ledger.commands.core import LeaseLost
-from tests.cli_support import run_cli
-from tests.lifecycle_support import World, new_service
+from tests.support.cli_support import run_cli
+from tests.support.lifecycle_support import World, new_service
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _generation_topics(world: World) -> list[str]:
@@ -272,7 +272,7 @@ _CRASH_CHILD = textwrap.dedent(
     from ledger.commands.service import CommandService
     from ledger.log.db import open_database
     from ledger.store.runtime import Ledger
-    from tests.lifecycle_support import World
+    from tests.support.lifecycle_support import World
     url, repo, pack, frm, to = sys.argv[1:6]
     ledger = Ledger(open_database(url))
     service = CommandService(ledger, lease_ttl=1.0, holder="doomed-writer")

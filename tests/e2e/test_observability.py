@@ -40,11 +40,11 @@ from ledger.http import metrics as http_metrics
 from ledger.http.app import create_app
 from ledger.log.url import ENV_VAR
 from ledger.observability import JsonFormatter, TextFormatter
-from tests.cli_inprocess import cli
-from tests.cli_support import Result, ServedStore, run_cli
 from tests.conftest import Server
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World, new_service
+from tests.support.cli_inprocess import cli
+from tests.support.cli_support import Result, ServedStore, run_cli
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World, new_service
 
 VIEW_ROUTE = "/v1/audiences/{kind}/{audience_id}/view"
 #: The phases ``apply`` logs itself, in the order they end.

@@ -27,11 +27,11 @@ from ledger.api import Store
 from ledger.http.app import create_app
 from ledger.http.watch import WatchHub
 from projections.reader import CatalogReader
-from tests.cli_inprocess import cli_json
-from tests.cli_support import ServedStore
-from tests.gitrepo import sales as sales_pack
-from tests.gitrepo import sales_closure
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli_json
+from tests.support.cli_support import ServedStore
+from tests.support.gitrepo import sales as sales_pack
+from tests.support.gitrepo import sales_closure
+from tests.support.lifecycle_support import World
 
 A, B = "integration:erp-sync", "app:crm"
 

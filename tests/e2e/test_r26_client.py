@@ -3,7 +3,7 @@
 It returns what the local reader returns, keeps an ETag cache, raises the reader's
 typed errors, never returns cached content after MISSING, INTEGRITY or 401, and retries
 UNAVAILABLE only, with jittered backoff honouring ``Retry-After``, up to a bounded total.
-Behind a tampering proxy (``tests/http_proxy.py``: real sockets, the real server) it
+Behind a tampering proxy (``tests/support/http_proxy.py``: real sockets, the real server) it
 recomputes every fact digest and the audience digest, checks the audience and the
 revision asked for, raises INTEGRITY and caches nothing; its watch never spins.
 """
@@ -32,14 +32,14 @@ from domain.errors import (
 from domain.identity import Audience
 from ledger.client import CatalogClient
 from projections.reader import CatalogReader
-from tests.cli_support import ServedStore, free_port
-from tests.gitrepo import sales as sales_pack
-from tests.gitrepo import sales_closure
-from tests.http_proxy import TamperingProxy
-from tests.lifecycle_support import World
+from tests.support.cli_support import ServedStore, free_port
+from tests.support.gitrepo import sales as sales_pack
+from tests.support.gitrepo import sales_closure
+from tests.support.http_proxy import TamperingProxy
+from tests.support.lifecycle_support import World
 
 A, B = "integration:erp-sync", "app:crm"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: For what concerns the network path, not the database: one engine keeps them fast (the
 #: tampering test and the reader's payload hashes run on every engine).
 ON_SQLITE = pytest.mark.parametrize("engine_url", ["sqlite"], indirect=True)

@@ -29,11 +29,11 @@ from ledger.commands.service import CommandService
 from ledger.http.app import create_app, openapi_document
 from ledger.http.auth import NOBODY
 from projections.reader import CatalogReader
-from tests.cli_inprocess import cli_json
-from tests.cli_support import ServedStore
-from tests.cluster_support import ReplicaPair
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli_json
+from tests.support.cli_support import ServedStore
+from tests.support.cluster_support import ReplicaPair
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World
 
 #: The one MISSING body (R19): an unknown audience, and any audience not the token's.
 MISSING = b'{"error":"MISSING","message":"no catalog view is published for this audience",'

@@ -24,8 +24,8 @@ import pytest
 
 from bench.attack import SlowClients, fresh_healthz
 from ledger.http.limits import HEADER_TIMEOUT, KEEP_ALIVE_TIMEOUT, default_max_connections
-from tests.cli_inprocess import cli_json
-from tests.cli_support import SCRIPT, free_port
+from tests.support.cli_inprocess import cli_json
+from tests.support.cli_support import SCRIPT, free_port
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 PARTIAL = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "

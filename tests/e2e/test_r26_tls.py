@@ -27,10 +27,10 @@ from domain.credentials import audience_uri, parse_audience_uri
 from domain.errors import InvalidInput
 from domain.identity import identity_problem
 from ledger.http.tls import TlsH11Protocol
-from tests.cli_inprocess import cli_json
-from tests.cli_support import ServedStore
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli_json
+from tests.support.cli_support import ServedStore
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World
 
 MISSING = b'{"error":"MISSING","message":"no catalog view is published for this audience",'
 MISSING += b'"details":{}}'

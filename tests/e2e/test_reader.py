@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 from domain.errors import IntegrityFailure, InvalidInput, LedgerError, Missing, Stale
 from domain.identity import Audience
 from projections.reader import MISSING_MESSAGE, CatalogReader, parse_audience, parse_revision
-from tests.cli_support import ServedStore, run_cli
-from tests.gitrepo import component, pack_json, sales_closure
-from tests.gitrepo import sales as sales_pack
-from tests.lifecycle_support import World
+from tests.support.cli_support import ServedStore, run_cli
+from tests.support.gitrepo import component, pack_json, sales_closure
+from tests.support.gitrepo import sales as sales_pack
+from tests.support.lifecycle_support import World
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).with_name("catalog-ledger"))
 
 

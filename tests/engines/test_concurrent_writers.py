@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.concurrency_support import race
+from tests.support.concurrency_support import race
 
 
 @pytest.mark.parametrize("engine_url", ["mariadb"], indirect=True)

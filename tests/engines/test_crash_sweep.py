@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Server
-from tests.crash_support import sweep
+from tests.support.crash_support import sweep
 
 
 # The MariaDB sample runs in `make campaign` beside the full sweep of both engines;

@@ -1,6 +1,6 @@
 """Lost connections and ambiguous commits on MariaDB (R10, R11, R12, R22).
 
-A loopback proxy (``tests.tcp_proxy``) sits between the store and the real
+A loopback proxy (``tests.support.tcp_proxy``) sits between the store and the real
 server and loses the connection before, in the middle of, and after the
 ``COMMIT`` of the append that records a command. The store must surface a
 typed error (``UNAVAILABLE``, exit 1, no traceback). A retry of the same
@@ -33,10 +33,10 @@ from ledger.commands.publishing import read_snapshot
 from ledger.commands.service import CommandService
 from ledger.log.db import open_database
 from ledger.store.runtime import Ledger
-from tests.cli_support import run_cli
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World, content
-from tests.tcp_proxy import DropMode, MySQLProxy
+from tests.support.cli_support import run_cli
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World, content
+from tests.support.tcp_proxy import DropMode, MySQLProxy
 
 PACKS = ("sales", "crm")
 BINDINGS = push_closure("integration:erp-sync", "sales") + push_closure(

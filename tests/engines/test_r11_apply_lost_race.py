@@ -23,9 +23,9 @@ from ledger.commands.core import LeaseLost
 from ledger.commands.service import CommandService
 from ledger.log.db import open_database
 from ledger.store.runtime import Ledger
-from tests.cli_inprocess import cli_json
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World, new_service
+from tests.support.cli_inprocess import cli_json
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World, new_service
 
 
 class RacedService(CommandService):

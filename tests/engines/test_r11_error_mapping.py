@@ -23,8 +23,8 @@ from sqlalchemy.engine import make_url
 from domain.errors import Conflict, Permission, Unavailable
 from ledger.log.db import Database, open_database, translate, translate_errors
 from ledger.store.init import init_store
-from tests.cli_inprocess import cli_json
 from tests.conftest import Server
+from tests.support.cli_inprocess import cli_json
 
 
 @pytest.fixture

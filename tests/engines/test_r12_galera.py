@@ -18,10 +18,10 @@ import pytest
 
 from domain.errors import LedgerError
 from ledger.api import open_store
-from tests.cli_inprocess import cli_json
-from tests.cluster_checks import node_report, one_winner_per_epoch, settle
-from tests.cluster_support import GaleraCluster
-from tests.gitrepo import Repo, manifest, official, push_closure, push_pack
+from tests.support.cli_inprocess import cli_json
+from tests.support.cluster_checks import node_report, one_winner_per_epoch, settle
+from tests.support.cluster_support import GaleraCluster
+from tests.support.gitrepo import Repo, manifest, official, push_closure, push_pack
 
 PACKS = ("alpha", "beta", "gamma")
 

@@ -26,10 +26,10 @@ from domain.identity import Audience
 from ledger.log.db import open_database
 from ledger.store.replica import replication, writable
 from projections.reader import CatalogReader
-from tests.cli_inprocess import cli_json
-from tests.cli_support import ServedStore
-from tests.cluster_support import ReplicaPair, admin, query
-from tests.gitrepo import Repo, manifest, official, push_closure, push_pack
+from tests.support.cli_inprocess import cli_json
+from tests.support.cli_support import ServedStore
+from tests.support.cluster_support import ReplicaPair, admin, query
+from tests.support.gitrepo import Repo, manifest, official, push_closure, push_pack
 
 READER, READER_PASSWORD = "reader", "reader-pw"
 AUDIENCE = "app:crm"

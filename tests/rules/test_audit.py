@@ -19,12 +19,12 @@ from ledger.log import merkle
 from ledger.log import tables as schema
 from ledger.log.checkpoint import SignerKey
 from ledger.log.db import Database
-from tests.cli_support import run_cli
-from tests.gitrepo import git, push_closure
-from tests.history import bulk_history
-from tests.lifecycle_support import World
+from tests.support.cli_support import run_cli
+from tests.support.gitrepo import git, push_closure
+from tests.support.history import bulk_history
+from tests.support.lifecycle_support import World
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EV = schema.events
 
 

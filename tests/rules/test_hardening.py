@@ -18,10 +18,10 @@ from domain.errors import Conflict, InvalidInput, LifecycleRejected
 from domain.matrix import Advance
 from ledger.commands.service import CommandService
 from ledger.commands.sources import _cat_file_batch
-from tests.cli_inprocess import cli, cli_json
-from tests.cli_support import SCRIPT
-from tests.gitrepo import component, local, pack_json, push_closure
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli, cli_json
+from tests.support.cli_support import SCRIPT
+from tests.support.gitrepo import component, local, pack_json, push_closure
+from tests.support.lifecycle_support import World
 
 
 def snapshot(world: World) -> dict[str, list[str]]:
@@ -76,7 +76,7 @@ def test_r5_git_batch_query_never_carries_a_line_break(world: World) -> None:
 
 
 def world_content(name: str) -> bytes:
-    from tests.lifecycle_support import content
+    from tests.support.lifecycle_support import content
 
     return content(name, 1)
 

@@ -17,7 +17,7 @@ from domain.identity import PackName
 from domain.lifecycle import Generation
 from domain.matrix import Adopt, Advance, Install
 from ledger.commands.service import LeaseHandle
-from tests.lifecycle_support import World
+from tests.support.lifecycle_support import World
 
 C = Condition
 OK = None

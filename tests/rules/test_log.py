@@ -14,7 +14,7 @@ from ledger.log import tables as schema
 from ledger.log.application import LedgerApplication
 from ledger.log.db import Database, open_database
 from ledger.log.recorder import LedgerRecorder
-from tests.support import Note
+from tests.support.notes import Note
 
 
 def _write_notes(db: Database, notes: int, lines: int) -> list[UUID]:

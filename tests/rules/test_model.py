@@ -12,7 +12,7 @@ writers share the store, each with its own connection pool, as two processes
 would.
 
 Next to the store runs a small in-memory model written from DESIGN.md and the
-R13 matrix (``tests/test_lifecycle_matrix.py``), not from the product code:
+R13 matrix (``tests/rules/test_lifecycle_matrix.py``), not from the product code:
 per pack its legacy record, local_path record, attempts with their statuses,
 the active generation, its epoch and the dirty flag; the writer lease with
 its fencing token; the bindings in force; the published revision, its
@@ -68,8 +68,8 @@ from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
 from projections.reader import CatalogReader
 from tests.conftest import Server
-from tests.gitrepo import Repo, manifest, official
-from tests.lifecycle_support import content
+from tests.support.gitrepo import Repo, manifest, official
+from tests.support.lifecycle_support import content
 
 T = TypeVar("T")
 C = Condition
@@ -80,7 +80,7 @@ VERSIONS = (1, 2, 3, 4)
 LOCAL_VERSIONS = (1, 2)
 AUDIENCES = ("integration:a", "integration:b", "app:x")
 CREDENTIALS: tuple[str | None, ...] = (None, "erp-prod", "erp-test", "erp-staging")
-#: The content's callout profile admits these credential sets (tests/lifecycle_support.py).
+#: The content's callout profile admits these credential sets (tests/support/lifecycle_support.py).
 ADMITTED = frozenset({"erp-prod", "erp-test"})
 PUSH = ("push_contract", "Order.push")  # requires callout_profile erp of the same pack
 PROFILE = ("callout_profile", "erp")
@@ -402,7 +402,7 @@ def observed(exc: LedgerError) -> Expect:
 
 
 # The R11/R13 matrix, written from the specification (DESIGN.md R5-R13 and the table in
-# tests/test_lifecycle_matrix.py): None when allowed, else the reason the store must name.
+# tests/rules/test_lifecycle_matrix.py): None when allowed, else the reason the store must name.
 
 
 def install_rejection(condition: Condition) -> str | None:

@@ -22,10 +22,10 @@ from ledger.log.db import Database
 from projections.framework import load_states, read_version_rows
 from projections.queries import pack_status
 from projections.registry import ALL_PROJECTIONS
-from tests.cli_inprocess import cli
-from tests.cli_support import run_cli
-from tests.history import bulk_history
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli
+from tests.support.cli_support import run_cli
+from tests.support.history import bulk_history
+from tests.support.lifecycle_support import World
 
 CLI = str(Path(sys.executable).with_name("catalog-ledger"))
 

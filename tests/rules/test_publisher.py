@@ -15,9 +15,9 @@ from domain.errors import Conflict, LifecycleRejected
 from domain.matrix import Advance
 from ledger.commands.publishing import StagedPublication
 from ledger.commands.results import ApplyResult
-from tests.gitrepo import component, pack_json, sales
-from tests.gitrepo import sales_closure as full
-from tests.lifecycle_support import World
+from tests.support.gitrepo import component, pack_json, sales
+from tests.support.gitrepo import sales_closure as full
+from tests.support.lifecycle_support import World
 
 CLI = str(Path(sys.executable).with_name("catalog-ledger"))
 
@@ -258,7 +258,7 @@ def test_r5_binding_to_a_local_path_pack_fails_closed(world: World) -> None:
 def test_r16_apply_json_reports_bindings_and_revision(world: World) -> None:
     c1 = world.release({"sales/pack.json": sales()})
     path = world.manifest([world.official("sales", c1)], full("integration:a"))
-    from tests.cli_support import run_cli
+    from tests.support.cli_support import run_cli
 
     out = run_cli("--db", world.url, "apply", str(path), "--json")
     assert out.code == 0, out.stdout + out.stderr

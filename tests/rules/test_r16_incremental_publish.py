@@ -44,9 +44,9 @@ from publisher.catalog import (
 )
 from publisher.fragments import Fragments, audience_unit, encoded, pack_unit
 from publisher.planning import content_authority
-from tests.cli_inprocess import cli_json
-from tests.gitrepo import component, pack_json
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli_json
+from tests.support.gitrepo import component, pack_json
+from tests.support.lifecycle_support import World
 
 PACKS = 16
 AUDIENCES = 96

@@ -24,8 +24,8 @@ import pytest
 import sqlalchemy as sa
 
 from ledger.log.db import open_database
-from tests.cli_inprocess import cli, cli_json
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli, cli_json
+from tests.support.lifecycle_support import World
 
 #: The damaged row: generation.prepared@1, a known type with a JSON object state.
 DAMAGED = 3

@@ -29,15 +29,15 @@ from domain.errors import IntegrityFailure, InvalidInput
 from ledger.api import open_store
 from ledger.log.db import open_database
 from ledger.store.restore import import_jsonl, read_lines
-from tests import reference_verifier as ref
-from tests.cli_inprocess import cli, cli_json
-from tests.cli_support import SCRIPT
-from tests.history import bulk_history
-from tests.lifecycle_support import World
-from tests.test_r23_golden_v0 import without_payload_hashes
-from tests.test_r23_log_format import realistic
+from tests.conformance.test_r23_golden_v0 import without_payload_hashes
+from tests.conformance.test_r23_log_format import realistic
+from tests.support import reference_verifier as ref
+from tests.support.cli_inprocess import cli, cli_json
+from tests.support.cli_support import SCRIPT
+from tests.support.history import bulk_history
+from tests.support.lifecycle_support import World
 
-GOLDEN = Path(__file__).parent / "fixtures" / "golden_v0"
+GOLDEN = Path(__file__).resolve().parents[1] / "conformance" / "fixtures" / "golden_v0"
 EXPECTED: dict[str, Any] = json.loads((GOLDEN / "expected.json").read_text(encoding="utf-8"))
 #: A line of the golden log inside the first catalog revision's bindings.
 TAMPERED_LINE = 40

@@ -18,9 +18,9 @@ import pytest
 import sqlalchemy as sa
 
 from ledger.log.db import open_database
-from tests.cli_inprocess import cli_json
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli_json
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World
 
 #: Every command that opens the store (reads, writes, audits) must refuse it.
 COMMANDS = (

@@ -22,16 +22,16 @@ import sqlalchemy as sa
 from ledger.api import Store
 from ledger.log.tables import SCHEMA_VERSION
 from ledger.store.migrations import STEPS
-from tests.cli_inprocess import cli, cli_json
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World
-from tests.test_r23_golden_v0 import (
+from tests.conformance.test_r23_golden_v0 import (
     EXPECTED,
     GOLDEN,
     expected_view_rows,
     live_rows,
     without_payload_hashes,
 )
+from tests.support.cli_inprocess import cli, cli_json
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World
 
 STEP_2 = {"version": 2, "summary": STEPS[0].summary}
 

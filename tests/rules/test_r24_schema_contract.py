@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.cli_inprocess import cli_json
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli_json
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World
 
 
 def _sqlite_rebuild(url: str, table: str, edit: tuple[str, str]) -> None:

@@ -8,9 +8,9 @@ from fastapi.testclient import TestClient
 from ledger.api import Store
 from ledger.http.app import create_app
 from projections.catalog_views import CatalogView
-from tests.cli_inprocess import cli_json
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli_json
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World
 
 
 def test_r25_a_view_built_by_other_code_fails_reads_and_decisions_closed_until_rebuilt(

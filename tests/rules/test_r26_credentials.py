@@ -20,11 +20,11 @@ from domain.credentials import credential_aggregate_id, parse_duration, token_di
 from domain.digests import aggregate_id
 from domain.errors import InvalidInput
 from ledger.commands.service import CommandService
-from tests.cli_inprocess import cli, cli_json
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli, cli_json
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: 2027-01-15T08:00:00Z, a fixed clock for exact timestamps.
 T0 = 1_800_000_000.0
 DAY_US = 86_400 * 1_000_000
@@ -442,7 +442,7 @@ def test_r26_history_audience_shows_bindings_and_credentials_from_the_log(
 
 
 def test_r26_the_credential_view_rebuilds_to_the_rows_it_has_inline(world: World) -> None:
-    from tests.test_projections import live_rows
+    from tests.rules.test_projections import live_rows
 
     service, now = clocked(world)
     for n in range(5):

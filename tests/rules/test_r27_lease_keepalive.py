@@ -21,8 +21,8 @@ from ledger.commands.service import CommandService
 from ledger.log import lease_rows
 from ledger.log.db import open_database
 from ledger.store.runtime import Ledger
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World, new_service
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World, new_service
 
 S = 1_000_000  # microseconds per second
 

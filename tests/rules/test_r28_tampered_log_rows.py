@@ -28,11 +28,11 @@ import pytest
 import sqlalchemy as sa
 
 from ledger.log.db import open_database
-from tests.cli_inprocess import cli, cli_json
 from tests.conftest import Server
-from tests.lifecycle_support import World
-from tests.test_r22_export_damaged import edit_sqlite_log
-from tests.test_r28_view_tampering import _bindings
+from tests.rules.test_r22_export_damaged import edit_sqlite_log
+from tests.rules.test_r28_view_tampering import _bindings
+from tests.support.cli_inprocess import cli, cli_json
+from tests.support.lifecycle_support import World
 
 _CLOCK = 1_900_000_000.0
 

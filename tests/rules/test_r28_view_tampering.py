@@ -42,9 +42,9 @@ from projections import checks
 from projections.framework import state_table
 from projections.reader import CatalogReader, _verified, parse_audience
 from projections.registry import ALL_PROJECTIONS
-from tests.cli_inprocess import cli_json
 from tests.conftest import Server
-from tests.lifecycle_support import World
+from tests.support.cli_inprocess import cli_json
+from tests.support.lifecycle_support import World
 
 #: Four more audiences bound to beta only, so that a change to alpha touches few enough
 #: audiences for the incremental publication (which keeps fragments) to run.

@@ -20,10 +20,10 @@ from domain.lifecycle import Generation, GenerationStatus, generation_id
 from domain.log import LoggedEvent
 from ledger.audit.verify import verify_log
 from projections.reader import CatalogReader
-from tests.cli_inprocess import cli, cli_json
-from tests.gitrepo import local, push_closure
-from tests.lifecycle_support import World
-from tests.test_rule_proofs import audit_problem, rechained
+from tests.rules.test_rule_proofs import audit_problem, rechained
+from tests.support.cli_inprocess import cli, cli_json
+from tests.support.gitrepo import local, push_closure
+from tests.support.lifecycle_support import World
 
 
 def release(
@@ -576,7 +576,7 @@ def test_r13_a_removed_pointer_whose_generation_is_still_active_fails_closed(
 
 
 def _content(name: str, version: int) -> bytes:
-    from tests.lifecycle_support import content
+    from tests.support.lifecycle_support import content
 
     return content(name, version)
 

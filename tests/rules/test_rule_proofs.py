@@ -25,10 +25,10 @@ from domain.matrix import Install
 from ledger.log.db import open_database
 from ledger.log.recorder import LedgerRecorder
 from ledger.store.init import init_store
-from tests.cli_inprocess import cli_json
-from tests.gitrepo import push_closure
-from tests.lifecycle_support import World
-from tests.support import Note
+from tests.support.cli_inprocess import cli_json
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World
+from tests.support.notes import Note
 
 
 def rechained(

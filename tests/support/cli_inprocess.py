@@ -9,7 +9,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
 
 from ledger.cli.app import run
-from tests.cli_support import Result
+from tests.support.cli_support import Result
 
 
 def cli(*args: str) -> Result:

@@ -1,9 +1,9 @@
 """One writer of the Galera campaign, run as a child process.
 
-    python -m tests.cluster_worker CONFIG.json
+    python -m tests.support.cluster_worker CONFIG.json
 
 CONFIG names the writer's nodes (its own first), the work directory holding the
-releases (``tests.concurrency_worker.build``), the seconds to run, a seed, the
+releases (``tests.support.concurrency_worker.build``), the seconds to run, a seed, the
 ``--wait`` and ``--lease-ttl`` of its applies and the JSON-lines file to write.
 
 Until the deadline the writer runs ``apply RELEASE`` or ``publish``, each with a
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.cli.app import run
-from tests.concurrency_worker import build
+from tests.support.concurrency_worker import build
 
 #: How long a writer keeps looking for a live node for one command.
 RETRY_FOR = 90.0

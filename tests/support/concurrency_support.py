@@ -13,9 +13,9 @@ from ledger.audit.verify import verify_log
 from ledger.log.db import open_database
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
-from tests.concurrency_worker import build
+from tests.support.concurrency_worker import build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def race(url: str, workdir: Path, writers: int, seconds: float) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def race(url: str, workdir: Path, writers: int, seconds: float) -> dict[str, Any
             [
                 sys.executable,
                 "-m",
-                "tests.concurrency_worker",
+                "tests.support.concurrency_worker",
                 url,
                 str(workdir),
                 str(seconds),

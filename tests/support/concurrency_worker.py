@@ -1,6 +1,6 @@
 """One racing writer for the concurrency campaign (run as a child process).
 
-    python -m tests.concurrency_worker URL WORKDIR SECONDS SEED [--rebuild]
+    python -m tests.support.concurrency_worker URL WORKDIR SECONDS SEED [--rebuild]
 
 Until the deadline: apply a random manifest, publish, or (with --rebuild)
 rebuild projections. Lost races are expected (CONFLICT, a busy lease); every
@@ -21,7 +21,7 @@ from ledger.commands.service import CommandService
 from ledger.log.db import open_database
 from ledger.store.rebuild import process_builder
 from ledger.store.runtime import Ledger
-from tests.gitrepo import Repo, manifest, official, push_pack
+from tests.support.gitrepo import Repo, manifest, official, push_pack
 
 PACKS = ["p0", "p1", "p2", "p3"]
 

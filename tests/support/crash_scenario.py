@@ -1,6 +1,6 @@
 """A realistic release sequence for crash sweeps, run as a child process.
 
-    python -m tests.crash_scenario URL WORKDIR
+    python -m tests.support.crash_scenario URL WORKDIR
 
 Every step is idempotent (fixed command ids; the failed attempt is only made
 once), so re-running the whole sequence after a crash converges. ``build``
@@ -28,7 +28,7 @@ from ledger.log.db import open_database
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
 from projections.reader import CatalogReader
-from tests.gitrepo import Repo, local, manifest, official, push_closure, push_pack
+from tests.support.gitrepo import Repo, local, manifest, official, push_closure, push_pack
 
 AUDIENCES = ["integration:erp-sync", "app:crm", "integration:audit"]
 

@@ -20,9 +20,9 @@ from ledger.log.db import open_database
 from ledger.store.runtime import Ledger
 from projections.queries import preparing_generations
 from tests.conftest import Server
-from tests.crash_scenario import final_state
+from tests.support.crash_scenario import final_state
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
@@ -49,7 +49,7 @@ def run_scenario(
     if count_file is not None:
         env["CATALOG_LEDGER_CRASH_COUNT"] = str(count_file)
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.crash_scenario", url, str(workdir)],
+        [sys.executable, "-m", "tests.support.crash_scenario", url, str(workdir)],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -16,7 +16,7 @@ from ledger.commands.sources import ResolvedPack, resolve_packs
 from ledger.log.db import Database, open_database
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
-from tests.gitrepo import Repo, manifest, official, push_pack
+from tests.support.gitrepo import Repo, manifest, official, push_pack
 
 
 def content(name: str, version: int, category: str = "app", **extra: Any) -> bytes:

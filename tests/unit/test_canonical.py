@@ -96,7 +96,7 @@ from datetime import datetime, timezone
 from uuid import UUID
 from eventsourcing.persistence import Mapper
 from ledger.log.transcoder import OrjsonTranscoder
-from tests.support import Note
+from tests.support.notes import Note
 event = Note.Written(
     originator_id=UUID(int=7), originator_version=3,
     timestamp=datetime(2026, 11, 29, 12, 0, 0, 123456, tzinfo=timezone.utc),
@@ -113,7 +113,7 @@ def test_r4_same_event_encodes_to_same_bytes_in_two_processes() -> None:
             [sys.executable, "-c", _ENCODE_SCRIPT],
             capture_output=True,
             check=True,
-            cwd=Path(__file__).resolve().parents[1],
+            cwd=Path(__file__).resolve().parents[2],
             env={"PYTHONHASHSEED": seed, "PATH": ""},
         ).stdout
         for seed in ("1", "2")

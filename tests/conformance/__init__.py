@@ -1,0 +1,1 @@
+"""Conformance: vectors, golden stores, schema artifacts, the eventsourcing contract."""

@@ -1,0 +1,1 @@
+"""Engine-specific behaviour: identity and collation, locking, pools, DDL, clusters."""

@@ -1,0 +1,1 @@
+"""One rule's proofs on a real store (SQLite file and MariaDB)."""

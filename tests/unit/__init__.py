@@ -1,0 +1,1 @@
+"""Pure tests: no database, no subprocess engine."""
