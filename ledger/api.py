@@ -45,7 +45,7 @@ from projections.reader import CatalogReader, parse_audience, parse_revision
 
 # What only some methods use is imported in them, so that ``status`` and ``view`` (and
 # the CLI that calls them) start without the audit, export, command and signing code
-# (issue 25.7; tests/test_cli_basics.py checks it).
+# (issue 25.7; tests/e2e/test_cli_basics.py checks it).
 if TYPE_CHECKING:
     from ledger.audit.results import (
         AudienceHistoryResult,

@@ -2,8 +2,8 @@
 
 Every read or write path that takes a value from a view checks it against what the
 log committed first (R28). Each such check has a name here; ``DISABLED`` exists only
-so that the view-tampering property test (``tests/test_r28_view_tampering.py``, and
-``tests/test_r28_credential_view.py`` for ``CREDENTIAL``) can
+so that the view-tampering property test (``tests/rules/test_r28_view_tampering.py``, and
+``tests/rules/test_r28_credential_view.py`` for ``CREDENTIAL``) can
 turn one check off and show that the test then fails: proof that the check is needed
 and the test bites. Production code never writes to it.
 """

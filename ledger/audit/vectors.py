@@ -5,7 +5,7 @@ version, topic, exact state bytes) they give the length-prefixed bytes that
 are hashed, every ``event_id``, every chain link, the Merkle root at every
 tree size, inclusion and consistency proofs, and a checkpoint. An outside
 verifier written from ``schema/LOG-FORMAT.md`` alone must reproduce them;
-the test suite runs one (``tests/reference_verifier.py``). ``catalog-ledger
+the test suite runs one (``tests/support/reference_verifier.py``). ``catalog-ledger
 schema dump`` regenerates them and a test checks they are not stale.
 
 Inputs are fixed (no clock, no randomness), so the files are byte-stable.

@@ -12,7 +12,7 @@ no traceback reaches a user unless ``CATALOG_LEDGER_DEBUG=1`` asks for it.
 Start-up stays cheap (issue 25.7): this module and the command modules declare the
 command tree with click alone; a command imports what it uses (``ledger.api``, the
 database drivers, the HTTP server) inside its body, and the store is opened on
-first use. ``tests/test_cli_basics.py`` checks which modules stay out.
+first use. ``tests/e2e/test_cli_basics.py`` checks which modules stay out.
 """
 
 from __future__ import annotations
