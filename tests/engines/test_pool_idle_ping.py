@@ -1,4 +1,4 @@
-"""Pooled MariaDB connections are pinged only after sitting idle (R10).
+"""Pooled MariaDB connections are pinged only after sitting idle.
 
 The pool used to ping every connection it handed out: one round trip more on every
 append and every read. Now a connection idle for longer than ``IDLE_PING_SECONDS`` is
@@ -34,7 +34,7 @@ def _kill(url: str, connection_id: int) -> None:
         cur.execute(f"KILL {connection_id}")
 
 
-def test_r10_an_idle_dead_connection_is_pinged_and_replaced(
+def test_pool_an_idle_dead_connection_is_pinged_and_replaced(
     mysql_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = open_database(mysql_url)
@@ -49,7 +49,7 @@ def test_r10_an_idle_dead_connection_is_pinged_and_replaced(
         db.close()
 
 
-def test_r10_a_connection_used_moments_ago_is_not_pinged(
+def test_pool_a_connection_used_moments_ago_is_not_pinged(
     mysql_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = open_database(mysql_url)

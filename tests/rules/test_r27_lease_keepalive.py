@@ -39,7 +39,7 @@ def writer(world: World, clock: Clock, holder: str, **options: Any) -> CommandSe
     return new_service(world, holder=holder, clock=clock, lease_ttl=30.0, lease_wait=0, **options)
 
 
-def test_r12_renewal_moves_only_the_expiry_and_appends_nothing(world: World) -> None:
+def test_r27_renewal_moves_only_the_expiry_and_appends_nothing(world: World) -> None:
     clock = Clock()
     a, b = writer(world, clock, "a"), writer(world, clock, "b")
     handle = a.acquire_lease()
@@ -64,7 +64,7 @@ def test_r12_renewal_moves_only_the_expiry_and_appends_nothing(world: World) -> 
         service.ledger.close()
 
 
-def test_r12_a_takeover_racing_a_renewal_loses_to_it(world: World) -> None:
+def test_r27_a_takeover_racing_a_renewal_loses_to_it(world: World) -> None:
     """The takeover re-checks the coordination row inside its append: if the holder
     renewed after the taker read the lease as expired, the takeover is refused."""
     clock = Clock()
@@ -99,7 +99,7 @@ class Interrupted(CommandService):
 
 
 @pytest.mark.parametrize("noticed_by", ["renewal", "fence"])
-def test_r12_a_lost_lease_cancels_the_release_before_its_final_append(
+def test_r27_a_lost_lease_cancels_the_release_before_its_final_append(
     world: World, noticed_by: str
 ) -> None:
     world.apply(world.official("sales", world.commit("sales", 1)))
@@ -147,7 +147,7 @@ def test_r12_a_lost_lease_cancels_the_release_before_its_final_append(
         service.ledger.close()
 
 
-def test_r12_the_keeper_renews_in_the_background_and_release_frees_the_row(
+def test_r27_the_keeper_renews_in_the_background_and_release_frees_the_row(
     world: World,
 ) -> None:
     service = new_service(world, holder="kept", lease_ttl=30.0, renew_every=0.02)
