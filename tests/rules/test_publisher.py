@@ -47,49 +47,6 @@ def catalog_rows(world: World, table: str) -> list[tuple[Any, ...]]:
         ]
 
 
-def test_r15_cross_workload_borrowing_fails_naming_the_audience(world: World) -> None:
-    commit = world.release({"sales/pack.json": sales()})
-    borrowing = [
-        bind("integration:a", "Order.push", "push_contract"),
-        bind("integration:b", "erp", "callout_profile", credential_set="erp-prod"),
-        bind("integration:b", "Order.out", "outbound_mapping"),
-    ]
-    head = world.head()
-    with pytest.raises(LifecycleRejected) as info:
-        release(world, commit, borrowing)
-    assert info.value.reason == "CLOSURE_INVALID"
-    problems = info.value.details["problems"]
-    assert {(p["audience"], p["reason"], p["requirement"]["kind"]) for p in problems} == {
-        ("integration:a", "MISSING_REQUIREMENT", "callout_profile"),
-        ("integration:a", "MISSING_REQUIREMENT", "outbound_mapping"),
-    }
-    assert all(p["component"] == {"kind": "push_contract", "key": "Order.push"} for p in problems)
-    assert world.head() == head  # nothing at all was appended, not even the packs
-    # Bind the profile and mapping to A as well: it publishes.
-    result = release(world, commit, [*borrowing[1:], *full("integration:a")])
-    assert result["catalog"]["published"] and result["catalog"]["revision"] == 1
-
-
-def test_r15_validate_before_dedupe_then_identical_closures_stored_once(world: World) -> None:
-    commit = world.release({"sales/pack.json": sales()})
-    unauthorized = [
-        *full("integration:a"),
-        bind("integration:b", "erp", "callout_profile", credential_set="erp-staging"),
-    ]
-    with pytest.raises(LifecycleRejected) as info:
-        release(world, commit, unauthorized)
-    (problem,) = info.value.details["problems"]
-    assert problem["audience"] == "integration:b"
-    assert problem["reason"] == "CREDENTIAL_SET_NOT_ADMITTED"
-    assert world.head() == 0
-    result = release(world, commit, full("integration:a") + full("integration:c"))
-    counts = result["catalog"]["counts"]
-    assert counts == {"audiences": 2, "activations": 1, "facts": 3, "grants": 6}
-    grants = catalog_rows(world, "_System_CatalogGrant")
-    assert {(g[0], g[1]) for g in grants} == {(b"integration", b"a"), (b"integration", b"c")}
-    assert len(grants) == 6
-
-
 def test_r16_one_invalid_audience_among_1000_valid_appends_nothing(world: World) -> None:
     commit = world.release({"sales/pack.json": sales()})
     bindings = [bind(f"app:tenant-{n:04d}", "Order.out", "outbound_mapping") for n in range(1000)]
@@ -182,23 +139,6 @@ def _advance(world: World, commit_from: str, commit_to: str) -> str:
     ).values()
     world.service.release_lease(handle)
     return cand
-
-
-def test_r14_binding_to_a_no_longer_active_generation_fails_until_rebound(world: World) -> None:
-    c1, c2 = (world.release({"sales/pack.json": sales(v)}) for v in (1, 2))
-    release(world, c1, full("integration:a"), publish=False)
-    # The activation moves without re-binding (the service's lower-level steps).
-    cand = _advance(world, c1, c2)
-    handle = world.service.acquire_lease()
-    world.service.activate(handle, {"sales": cand})
-    world.service.release_lease(handle)
-    head = world.head()
-    with pytest.raises(LifecycleRejected) as info:
-        world.service.publish()
-    assert {p["reason"] for p in info.value.details["problems"]} == {"STALE_BINDING"}
-    assert world.head() == head
-    rebound = release(world, c2, full("integration:a"))  # apply re-binds what moved
-    assert len(rebound["bindings"]["rebound"]) == 3 and rebound["catalog"]["published"]
 
 
 def test_r12_dirty_pack_blocks_publication_until_a_later_generation_activates(
