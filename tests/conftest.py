@@ -29,6 +29,7 @@ from ledger.log.db import Database, open_database
 from ledger.store.init import init_store
 from tests.support.cluster_support import GaleraCluster, ReplicaPair, running
 from tests.support.lifecycle_support import World
+from tests.support.stores import MariaDBStores, SqliteTemplate
 
 MYSQL_ENV = "CATALOG_LEDGER_TEST_MYSQL"
 
@@ -111,12 +112,50 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'ledger.db'}"
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> SqliteTemplate:
+    """This worker's initialized SQLite store, copied for each ``world`` and ``db``."""
+    return SqliteTemplate(tmp_path_factory.mktemp("template"))
+
+
+@pytest.fixture(scope="session")
+def mariadb_stores(mysql_server: Server) -> Iterator[MariaDBStores]:
+    """This worker's initialized MariaDB databases, emptied and reused between tests."""
+    stores = MariaDBStores(mysql_server.url, mysql_server.connect, mysql_server.database_url)
+    yield stores
+    stores.close()
+
+
+#: Store URLs handed out already initialized (``world`` and ``db`` skip ``init``).
+INITIALIZED: set[str] = set()
+
+
 @pytest.fixture(params=ENGINES)
-def engine_url(request: pytest.FixtureRequest) -> str:
-    """A fresh store URL on each real engine (not yet initialized)."""
+def engine_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh store URL on each real engine: not yet initialized, except for a test that
+    uses ``world`` or ``db``, which gets it in exactly the state ``init`` leaves (a copy
+    of this worker's template store, see ``tests/support/stores.py``)."""
+    initialized = bool({"world", "db"} & set(request.fixturenames))
     if request.param == "sqlite":
-        return str(request.getfixturevalue("sqlite_url"))
-    return str(request.getfixturevalue("mysql_url"))
+        url = str(request.getfixturevalue("sqlite_url"))
+        if initialized:
+            template: SqliteTemplate = request.getfixturevalue("sqlite_template")
+            template.copy_to(Path(url.removeprefix("sqlite:///")))
+            INITIALIZED.add(url)
+        yield url
+        INITIALIZED.discard(url)
+        return
+    if not initialized:
+        yield str(request.getfixturevalue("mysql_url"))
+        return
+    stores: MariaDBStores = request.getfixturevalue("mariadb_stores")
+    url = stores.take()
+    INITIALIZED.add(url)
+    try:
+        yield url
+    finally:
+        INITIALIZED.discard(url)
+        stores.give_back(url)
 
 
 @pytest.fixture
@@ -134,7 +173,8 @@ def sibling_url(engine_url: str, tmp_path: Path, request: pytest.FixtureRequest)
 def db(engine_url: str) -> Iterator[Database]:
     """An initialized store on each real engine."""
     database = open_database(engine_url)
-    init_store(database)
+    if engine_url not in INITIALIZED:
+        init_store(database)
     try:
         yield database
     finally:
@@ -144,7 +184,7 @@ def db(engine_url: str) -> Iterator[Database]:
 @pytest.fixture
 def world(engine_url: str, tmp_path: Path) -> Iterator[World]:
     """A store on each real engine with a git repository and the command service."""
-    w = World(tmp_path, engine_url)
+    w = World(tmp_path, engine_url, initialized=engine_url in INITIALIZED)
     yield w
     w.close()
 

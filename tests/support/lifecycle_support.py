@@ -27,11 +27,16 @@ def content(name: str, version: int, category: str = "app", **extra: Any) -> byt
 class World:
     """One store + one git repository + helpers to drive the command service."""
 
-    def __init__(self, tmp: Path, url: str, **service_options: Any) -> None:
+    def __init__(
+        self, tmp: Path, url: str, *, initialized: bool = False, **service_options: Any
+    ) -> None:
+        """``initialized``: the store is already in the state ``init`` leaves (a copy of a
+        template store, tests/support/stores.py), so ``init`` is not run again."""
         self.tmp = tmp
         self.url = url
         self.db: Database = open_database(url)
-        init_store(self.db)
+        if not initialized:
+            init_store(self.db)
         self.ledger = Ledger(self.db)
         options = {"lease_wait": 10.0, **service_options}
         self.service = CommandService(self.ledger, **options)
