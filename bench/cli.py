@@ -9,12 +9,20 @@ the installed console script, as a user runs them:
   view integration:erp-sync      - target <= 0.5 s
 Each command alternates with its floor, the same interpreter running ``-c pass``
 (A B A B, after --warmup rounds); medians of wall time, and the ratio command / floor.
+
+Bytecode: an installed package runs from cached bytecode (pip compiles it; a source
+checkout writes ``__pycache__`` on its first run). Where ``PYTHONDONTWRITEBYTECODE``
+is set, every process would compile this project's modules from source again (about
+0.1 s), which no user's second run does. So both peers run with the variable unset and
+``PYTHONPYCACHEPREFIX`` in the bench's temporary folder (filled by the warm-up rounds;
+nothing is written beside the sources). ``--no-bytecode-cache`` keeps the caller's
+environment as it is.
 The CPU time (user + system) of the same processes is printed beside them: on a
 shared machine it moves less with the load than wall time does. A command that exits
 non-zero stops the bench.
 
 Usage:
-  python -m bench.cli [--repeat 15] [--warmup 2] [--only status,view]
+  python -m bench.cli [--repeat 15] [--warmup 2] [--only status,view] [--no-bytecode-cache]
 """
 
 from __future__ import annotations
@@ -57,10 +65,19 @@ def build_demo(work: Path) -> None:
     )
 
 
-def timer(argv: list[str], cwd: Path, cpu: list[float]) -> float:
+def environment(pycache: Path | None) -> dict[str, str]:
+    """The environment of the timed processes: no ``CATALOG_LEDGER_*`` settings, and with
+    ``pycache`` their bytecode cached there (see the module docstring)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CATALOG_LEDGER_")}
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    return env
+
+
+def timer(argv: list[str], cwd: Path, env: dict[str, str], cpu: list[float]) -> float:
     """Wall seconds of one process from start to exit (its CPU seconds appended to
     ``cpu``); a failure stops the bench."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CATALOG_LEDGER_")}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(argv, check=False, cwd=cwd, env=env, capture_output=True)
@@ -77,12 +94,27 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--only", default="", help="comma-separated: version,help,status,view")
+    parser.add_argument(
+        "--no-bytecode-cache",
+        action="store_true",
+        help="time the processes in this environment as it is (no PYTHONPYCACHEPREFIX)",
+    )
     args = parser.parse_args()
     only = {name for name in args.only.split(",") if name}
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
         work = Path(tmp) / "demo"
         build_demo(work)
-        print(f"demo store: {work / 'catalog.db'}; {args.repeat} rounds after {args.warmup}")
+        env = environment(None if args.no_bytecode_cache else Path(tmp) / "pycache")
+        bytecode = (
+            f"bytecode cached in {env['PYTHONPYCACHEPREFIX']}"
+            if "PYTHONPYCACHEPREFIX" in env
+            else "environment as given"
+            + (" (PYTHONDONTWRITEBYTECODE set)" if "PYTHONDONTWRITEBYTECODE" in env else "")
+        )
+        print(
+            f"demo store: {work / 'catalog.db'}; {args.repeat} rounds after {args.warmup}; "
+            f"{bytecode}"
+        )
         print(
             f"{'command':<42}{'median s':>10}{'floor s':>10}{'ratio':>8}{'target s':>10}"
             f"{'cpu s':>8}{'floor cpu':>10}"
@@ -94,8 +126,8 @@ def main() -> None:
             floor_cpu: list[float] = []
             measured = alternate(
                 {
-                    name: partial(timer, [CLI, *argv], work, cpu),
-                    "floor": partial(timer, [sys.executable, "-c", "pass"], work, floor_cpu),
+                    name: partial(timer, [CLI, *argv], work, env, cpu),
+                    "floor": partial(timer, [sys.executable, "-c", "pass"], work, env, floor_cpu),
                 },
                 args.repeat,
                 args.warmup,
@@ -120,6 +152,7 @@ def main() -> None:
                 target=f"value<={target}",
                 cpu_s=float(f"{cpu_s:.4g}"),
                 peer_cpu_s=float(f"{floor_cpu_s:.4g}"),
+                bytecode_cache="PYTHONPYCACHEPREFIX" in env,
             )
 
 

@@ -9,128 +9,28 @@ any byte of any payload does.
 * v1 = BLAKE3 (payload context) of the canonical bytes — the current hash.
 * v0 = SHA-256 hex of the same canonical bytes — legacy, accepted only as
   adoption proof (R7).
+
+The input schema of ``pack.json`` (pydantic models) is ``domain.content_schema``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Annotated, Any
-
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from typing import Any
 
 from domain.canonical import canonical_bytes, check_canonical
 from domain.digests import Purpose, digest
 from domain.errors import InvalidInput
-from domain.identity import (
-    BusinessKey,
-    Category,
-    ComponentKind,
-    CredentialSet,
-    Identity,
-    PackName,
-)
+from domain.identity import BusinessKey, Category, ComponentKind, CredentialSet, PackName
 
 # The fact digest lives in the pure module the runtime client shares (one definition).
 from domain.served import fact_digest as fact_digest  # noqa: PLC0414 - re-exported
 from domain.served import fact_hasher as fact_hasher  # noqa: PLC0414 - re-exported
 
 _HASH = re.compile(r"(v0|v1):([0-9a-f]{64})")
-
-
-def identity_check(cls: type[Identity]) -> Callable[[str], str]:
-    def check(value: str) -> str:
-        problem = cls.problem(value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
-
-    return check
-
-
-PackText = Annotated[str, AfterValidator(identity_check(PackName))]
-KindText = Annotated[str, AfterValidator(identity_check(ComponentKind))]
-KeyText = Annotated[str, AfterValidator(identity_check(BusinessKey))]
-CredentialText = Annotated[str, AfterValidator(identity_check(CredentialSet))]
-CategoryText = Annotated[str, AfterValidator(identity_check(Category))]
-
-
-#: Input lists stop validating at their first bad element: a few MB of input can hold
-#: millions of bad values, and collecting an error for each took seconds and gigabytes.
-FirstError = Field(fail_fast=True)
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class RequirementModel(StrictModel):
-    kind: KindText
-    key: KeyText
-    pack: PackText | None = None
-
-
-class ComponentModel(StrictModel):
-    kind: KindText
-    key: KeyText
-    payload: Any
-    requires: Annotated[list[RequirementModel], FirstError] = Field(default_factory=list)
-    credential_sets: Annotated[list[CredentialText], Field(min_length=1, fail_fast=True)] | None = (
-        None
-    )
-
-
-class PackContentModel(StrictModel):
-    name: PackText
-    category: CategoryText
-    components: Annotated[list[ComponentModel], FirstError]
-
-
-#: Discriminator tags pydantic puts into error locations of tagged unions
-#: (``source.official_repo.path``); they are not fields of the user's document.
-UNION_TAGS = frozenset({"official_repo", "local_path"})
-
-
-def loc_path(loc: Sequence[int | str]) -> str:
-    """Pydantic's error location as the JSON path in the user's document:
-    ``packs[2].source.path`` (union tags dropped)."""
-    out = ""
-    for part in loc:
-        if isinstance(part, str) and part in UNION_TAGS:
-            continue
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "$"
-
-
-#: Problems listed in one error; the rest are counted. A few MB of input can hold a
-#: million bad values, and listing them all made a 200 MB error document.
-MAX_LISTED_ERRORS = 100
-
-
-def invalid_from(error: ValidationError, *, file: str, prefix: str = "") -> InvalidInput:
-    """Pydantic's errors as one ``InvalidInput`` naming the file and first field."""
-    problems = []
-    count = error.error_count()
-    for item in error.errors(include_url=False, include_input=False)[:MAX_LISTED_ERRORS]:
-        path = loc_path(item["loc"])
-        field = f"{prefix}.{path}" if prefix and path != "$" else (prefix or path)
-        problem = str(item["msg"]).removeprefix("Value error, ")
-        problems.append({"field": field, "problem": problem})
-    first = problems[0]
-    return InvalidInput(
-        f"{file}: {first['field']}: {first['problem']}"
-        + (f" (and {count - 1} more)" if count > 1 else ""),
-        field=first["field"],
-        file=file,
-        errors=problems,
-        error_count=count,
-    )
 
 
 @dataclass(frozen=True)
@@ -233,6 +133,12 @@ def hash_problem(value: object) -> str | None:
 
 def parse_pack_content(data: Any, *, file: str, expected_name: str | None = None) -> PackContent:
     """Validate ``pack.json`` data; every error names ``file`` and the field."""
+    # The input schema (pydantic) is imported by the commands that validate input only:
+    # reading a store never needs it (issue 25.7).
+    from pydantic import ValidationError
+
+    from domain.content_schema import PackContentModel, invalid_from
+
     try:
         model = PackContentModel.model_validate(data)
     except ValidationError as exc:

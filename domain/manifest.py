@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, RootModel, ValidationError
 
-from domain.content import (
+from domain.content_schema import (
     CategoryText,
     CredentialText,
     FirstError,

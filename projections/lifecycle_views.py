@@ -18,7 +18,6 @@ from typing import Any, ClassVar, cast
 import sqlalchemy as sa
 
 from domain.canonical import canonical_bytes_trusted
-from domain.content import fact_hasher
 from domain.digests import Purpose, hasher, lp, u64
 from domain.event_types import (
     T_ACTIVATED,
@@ -36,6 +35,7 @@ from domain.event_types import (
     T_STARTED,
 )
 from domain.lifecycle import GenerationStatus, SourceKind
+from domain.served import fact_hasher
 from ledger.log.sqltypes import BigInt, Binary, Blob, enc
 from projections.framework import (
     Key,

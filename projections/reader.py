@@ -35,7 +35,6 @@ import orjson
 
 from domain.catalog import audience_digest, catalog_id, published_view_id
 from domain.classifier import pointer_problem
-from domain.content import fact_hasher
 from domain.errors import IntegrityFailure, InvalidInput, LifecycleRejected, Missing, Stale
 from domain.event_types import (
     T_ACTIVATED,
@@ -47,7 +46,7 @@ from domain.event_types import (
 )
 from domain.identity import Audience
 from domain.lifecycle import activation_id, generation_id
-from domain.served import AudienceView, CatalogHead
+from domain.served import AudienceView, CatalogHead, fact_hasher
 from projections import checks
 from projections.catalog_views import OPEN, CatalogView
 from projections.framework import Projection, code_mismatch

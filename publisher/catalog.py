@@ -27,9 +27,9 @@ import orjson
 
 from domain.canonical import canonical_bytes_trusted
 from domain.catalog import audience_digest
-from domain.content import fact_hasher
 from domain.digests import Purpose, hasher
 from domain.errors import LifecycleRejected
+from domain.served import fact_hasher
 
 #: Most problems listed in one error; the total is always reported.
 MAX_LISTED_PROBLEMS = 200

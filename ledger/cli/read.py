@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,7 @@ import orjson
 
 from domain.errors import Unavailable, UsageError
 from ledger.cli.app import cli, emit, json_option, log_settings, store
-from ledger.http.limits import HEADER_TIMEOUT, KEEP_ALIVE_TIMEOUT
-from ledger.http.settings import MAX_WAITERS, MULTIPROC_ENV
+from ledger.http.settings import HEADER_TIMEOUT, KEEP_ALIVE_TIMEOUT, MAX_WAITERS, MULTIPROC_ENV
 from ledger.observability import FORMAT_ENV, LEVEL_ENV, LEVELS, configure
 
 #: Where ``serve --workers N`` tells its workers the store URL (``ledger.log.url.ENV_VAR``).
@@ -90,6 +88,8 @@ def _port_is_free(host: str, port: int) -> None:
     """UNAVAILABLE (exit 1) now, naming the address, when nothing could listen there."""
     if port == 0:
         return
+    import socket
+
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:

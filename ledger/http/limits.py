@@ -50,10 +50,10 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
-#: Seconds a request has to deliver its whole header block (``serve --header-timeout``).
-HEADER_TIMEOUT = 10.0
-#: Seconds an idle keep-alive connection stays open (``serve --keep-alive-timeout``).
-KEEP_ALIVE_TIMEOUT = 5.0
+# The serve defaults live with the CLI's other server settings (standard library only).
+from ledger.http.settings import HEADER_TIMEOUT as HEADER_TIMEOUT  # noqa: PLC0414
+from ledger.http.settings import KEEP_ALIVE_TIMEOUT as KEEP_ALIVE_TIMEOUT  # noqa: PLC0414
+
 #: Descriptors kept for everything but client connections: the store (SQLite opens a
 #: file, its WAL and its shared memory per connection, and reads run in a pool of
 #: threads), the listening socket, logs; and an eighth of the limit besides.

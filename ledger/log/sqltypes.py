@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
 
 from domain.errors import IntegrityFailure
 
@@ -34,9 +33,17 @@ def Binary(length: int) -> sa.types.TypeEngine[bytes]:
     return sa.LargeBinary().with_variant(sa.VARBINARY(length), *MYSQL_FAMILY)
 
 
+class LongBlob(sa.LargeBinary):
+    """MySQL's ``LONGBLOB`` (the compiler's ``visit_LONGBLOB``), declared without
+    importing ``sqlalchemy.dialects.mysql``: a SQLite store never loads the MySQL
+    dialect (issue 25.7). Binds and results are those of every binary type."""
+
+    __visit_name__ = "LONGBLOB"
+
+
 def Blob() -> sa.types.TypeEngine[bytes]:
     """An unbounded binary value (event state, snapshots)."""
-    return sa.LargeBinary().with_variant(mysql.LONGBLOB(), *MYSQL_FAMILY)
+    return sa.LargeBinary().with_variant(LongBlob(), *MYSQL_FAMILY)
 
 
 def BigInt() -> sa.types.TypeEngine[int]:

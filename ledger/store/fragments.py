@@ -17,6 +17,7 @@ existed) publishes without it until ``init`` or ``doctor --repair`` creates it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import orjson
 import sqlalchemy as sa
@@ -27,7 +28,9 @@ from ledger.log.recorder import Precommit
 from ledger.log.sqltypes import Binary, Blob
 from ledger.observability import get_logger
 from projections import checks
-from publisher.fragments import Fragment, Fragments, Unit
+
+if TYPE_CHECKING:  # the publisher is imported by the commands that publish (issue 25.7)
+    from publisher.fragments import Fragment, Fragments, Unit
 
 metadata = sa.MetaData()
 
@@ -67,6 +70,8 @@ def read(
     each fragment its own unit's entries only."""
     if content_digest is None or not present(conn):
         return None
+    from publisher.fragments import Fragments
+
     f = FRAGMENTS.c
     marker = conn.execute(
         sa.select(f.entries, f.body).where(

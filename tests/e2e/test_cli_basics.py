@@ -139,24 +139,38 @@ NOT_AT_START = (
     "ledger.api",
     "ledger.log.db",
     "ledger.http.app",
+    # serve's defaults come from ledger.http.settings (stdlib only), not ledger.http.limits
+    "ledger.http.limits",
+    "asyncio",
+    "ssl",
+    "ledger.store",
+    "ledger.commands",
+    "ledger.audit",
+    "projections",
+    "publisher",
 )
 #: Never imported by `status` or `view` on a SQLite store: the HTTP server, the audit
-#: and export code, the commands (apply, publish), signing and the MySQL driver.
+#: and export code, the commands (apply, publish), signing, the MySQL driver and dialect,
+#: input validation (pydantic: reads validate no input document) and the publisher.
 NOT_FOR_READS = (
     "fastapi",
     "uvicorn",
     "starlette",
     "prometheus_client",
     "ledger.http.app",
-    "ledger.audit.export",
-    "ledger.audit.verify",
-    "ledger.audit.history",
-    "ledger.audit.proofs",
+    "ledger.http.limits",
+    "ledger.audit",
     "ledger.commands.service",
     "ledger.commands.apply",
     "ledger.log.checkpoint",
     "pymysql",
+    "sqlalchemy.dialects.mysql",
     "cryptography",
+    "pydantic",
+    "domain.content_schema",
+    "domain.manifest",
+    "publisher",
+    "tqdm",
 )
 
 _PROBE = """
@@ -259,4 +273,56 @@ def test_r25_status_and_view_on_sqlite_import_no_server_audit_or_commands(
     assert (view["audience"], view["revision"]) == ("integration:erp", 1)
     assert {f["pack"] for f in view["facts"]} == {"sales"}
     assert _loaded(modules, NOT_FOR_READS) == []
+    # No command machinery: of ledger.commands, at most its result types.
+    assert {m for m in modules if m.startswith("ledger.commands.")} <= {"ledger.commands.results"}
     assert "sqlalchemy" in modules  # the probe really read the store
+
+
+_GC_PROBE = """
+import contextlib, gc, io, json, sys
+from ledger.cli import app, run
+mode, url = sys.argv[1], sys.argv[2]
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    if mode == "console":
+        sys.argv = ["catalog-ledger", "--db", url, "status", "--json"]
+        try:
+            app.main()
+        except SystemExit as exc:
+            code = exc.code
+    else:
+        code = run(["--db", url, "status", "--json"])
+print(json.dumps({"code": code, "status": json.loads(out.getvalue()),
+                  "enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}))
+"""
+
+
+def test_r25_console_script_imports_the_store_without_gc_then_collects_again(
+    tmp_path: Path,
+) -> None:
+    """Issue 25.7: the console script imports the store's modules with the cyclic
+    collector off and freezes what they built (collections in the middle of an import
+    find no garbage); after that the collector runs again, so a long command (serve,
+    apply, import) collects as always. An in-process caller of ``run`` keeps its
+    collector as it was: nothing is frozen."""
+    url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    assert run_cli("--db", url, "init").code == 0
+    found = {}
+    for mode in ("console", "run"):
+        proc = subprocess.run(
+            [sys.executable, "-c", _GC_PROBE, mode, url],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if not k.startswith("CATALOG_LEDGER_")},
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        found[mode] = json.loads(proc.stdout.splitlines()[-1])
+    for mode in ("console", "run"):
+        assert found[mode]["code"] == 0
+        assert found[mode]["status"] == {"head": found[mode]["status"]["head"], "packs": []}
+        assert found[mode]["enabled"] is True
+    assert found["console"]["frozen"] > 1000  # the store's modules, frozen once imported
+    assert found["run"]["frozen"] == 0

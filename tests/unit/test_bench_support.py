@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,3 +28,25 @@ def test_make_bench_runs_bench_all_quick() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "-m bench.all --quick" in out.stdout
+
+
+def test_bench_cli_runs_in_bench_all_with_each_peer_on_cached_bytecode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25.7: ``bench.cli`` is one of ``make bench``'s benches, alternates each
+    command with ``python -c pass`` (the floor) and times both in one environment: no
+    CATALOG_LEDGER_* setting, and bytecode cached in the bench's own folder (as an
+    installed package has it) unless --no-bytecode-cache keeps the caller's."""
+    from bench import all as bench_all
+    from bench import cli as bench_cli
+
+    assert "cli" in [name for name, *_ in bench_all.BENCHES]
+    assert [name for name, *_ in bench_cli.COMMANDS] == ["version", "help", "status", "view"]
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setenv("CATALOG_LEDGER_DB", "sqlite:///elsewhere.db")
+    cached = bench_cli.environment(tmp_path / "pycache")
+    as_given = bench_cli.environment(None)
+    assert cached["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache")
+    assert "PYTHONDONTWRITEBYTECODE" not in cached
+    assert as_given["PYTHONDONTWRITEBYTECODE"] == "1" and "PYTHONPYCACHEPREFIX" not in as_given
+    assert not any(k.startswith("CATALOG_LEDGER_") for k in (*cached, *as_given))
