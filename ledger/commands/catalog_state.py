@@ -4,7 +4,7 @@ A view is a cache of the log. The command side decides only on:
 
 * **the revision in force**: the last event of the catalog lineage (one seek on the
   ``(aggregate_id, version)`` index), never the catalog view's head row;
-* **its content**: the kept fragments (``ledger.store.fragments``) or, when none are
+* **its content**: the kept fragments (``ledger.store.kept_fragments``) or, when none are
   kept, the catalog views' rows in force, accepted only when they digest to the
   content digest and counts that revision event committed (anything else fails closed
   with INTEGRITY naming the catalog view tables);
@@ -67,7 +67,7 @@ from ledger.log.db import stream_rows
 from ledger.log.recorder import LedgerRecorder, Precommit
 from ledger.log.sqltypes import dec
 from ledger.observability import get_logger
-from ledger.store import fragments as kept_fragments
+from ledger.store import kept_fragments
 from ledger.store.runtime import LogReader
 from projections import checks
 from projections.audience_map import AUDIENCE_MAP, AudienceMapView

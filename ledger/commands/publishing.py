@@ -49,7 +49,7 @@ from ledger.commands.core import ServiceCore
 from ledger.commands.results import CatalogCounts, CatalogOutcome, PublishResult
 from ledger.log.recorder import Precommit
 from ledger.observability import bind, get_logger, logged_command
-from ledger.store import fragments
+from ledger.store import kept_fragments
 from ledger.store.runtime import Ledger, LogReader
 from projections.catalog_views import AudienceBindingView, CatalogView
 from projections.lifecycle_views import (
@@ -552,7 +552,7 @@ class PublishCommand(ServiceCore):
                 keep = None
                 if plan.event is not None:
                     changes = snap.next.changes if snap.content.kept else None
-                    keep = fragments.writer(snap.next.fragments, changes)
+                    keep = kept_fragments.writer(snap.next.fragments, changes)
                 audiences = snap.content.audiences() | snap.affected
                 return _Planned(
                     plan, snap.position, snap.head, snap.everything, snap.used, audiences, keep
