@@ -35,7 +35,7 @@ def Binary(length: int) -> sa.types.TypeEngine[bytes]:
 
 
 def Blob() -> sa.types.TypeEngine[bytes]:
-    """An unbounded binary value (event state, snapshots)."""
+    """An unbounded binary value (event state, facts, fragment bodies)."""
     return sa.LargeBinary().with_variant(mysql.LONGBLOB(), *MYSQL_FAMILY)
 
 
