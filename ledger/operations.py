@@ -28,7 +28,7 @@ from domain.event_types import EVENT_TYPES, T_LOCAL_REMOVED, T_REMOVED
 from domain.identity import Audience
 from domain.served import AudienceView
 from ledger.log.db import Database
-from ledger.log.recorder import check_row
+from ledger.log.stored import check_row
 from ledger.results import (
     CaughtUp,
     DoctorResult,
