@@ -47,7 +47,8 @@ from domain.catalog import AudienceBindings, Catalog, PublishedView
 from domain.coordination import CommandRecord, Lease
 from domain.credentials import Credential
 from domain.errors import IntegrityFailure
-from domain.lifecycle import Generation, LegacyRecord, LocalPack, PackActivation, PackHistory
+from domain.lifecycle import Generation, PackActivation, PackHistory
+from domain.records import LegacyRecord, LocalPack
 
 #: The log format this release writes, and every format it reads.
 WRITTEN_FORMAT = 1

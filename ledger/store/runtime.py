@@ -28,16 +28,13 @@ from domain.event_types import unreadable
 from domain.identity import PackName
 from domain.lifecycle import (
     Generation,
-    LegacyRecord,
-    LocalPack,
     PackActivation,
     PackHistory,
     activation_id,
     generation_id,
     history_id,
-    legacy_id,
-    local_id,
 )
+from domain.records import LegacyRecord, LocalPack, legacy_id, local_id
 from ledger.log.application import LedgerApplication
 from ledger.log.db import Database
 from ledger.log.recorder import LedgerRecorder
