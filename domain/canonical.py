@@ -128,7 +128,7 @@ def canonical_bytes_trusted(value: object) -> bytes:
     """Canonical bytes of a value built by this code from validated parts.
 
     Skips the Python-level walk (orjson still rejects non-JSON types); use only
-    where every leaf was validated on the way in, e.g. events and snapshots.
+    where every leaf was validated on the way in, e.g. events and catalog revisions.
     """
     return _dumps(value)
 

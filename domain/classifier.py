@@ -19,17 +19,14 @@ from domain.identity import PackName, identity_problem
 from domain.lifecycle import (
     Generation,
     GenerationStatus,
-    LegacyRecord,
-    LocalPack,
     Origin,
     PackActivation,
     PackHistory,
     SourceKind,
     activation_id,
     history_id,
-    legacy_id,
-    local_id,
 )
+from domain.records import LegacyRecord, LocalPack, legacy_id, local_id
 
 # -- the classifier (R13) ------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from types import MappingProxyType, UnionType
+from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 from uuid import UUID
 
@@ -47,7 +47,8 @@ from domain.catalog import AudienceBindings, Catalog, PublishedView
 from domain.coordination import CommandRecord, Lease
 from domain.credentials import Credential
 from domain.errors import IntegrityFailure
-from domain.lifecycle import Generation, LegacyRecord, LocalPack, PackActivation, PackHistory
+from domain.lifecycle import Generation, PackActivation, PackHistory
+from domain.records import LegacyRecord, LocalPack
 
 #: The log format this release writes, and every format it reads.
 WRITTEN_FORMAT = 1
@@ -207,10 +208,6 @@ class EventTypeTable:
     def topics_of(self, names: Iterable[str]) -> list[str]:
         """Every stored topic of the types ``names`` (for SQL topic filters)."""
         return sorted(t for name in names for t in self._by_name[name].stored_topics())
-
-    def v0_topics(self) -> Mapping[str, str]:
-        """Frozen format-v0 topic -> type name."""
-        return MappingProxyType({t.v0_topic: t.name for t in self._by_name.values() if t.v0_topic})
 
 
 def _t(

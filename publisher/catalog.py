@@ -11,7 +11,7 @@ Order of work is the rule of R15 and of the lessons behind it:
 3. only if nothing failed are byte-identical immutable facts deduplicated
    (one fact per pack + install id + kind + key), while every audience keeps
    its own grant edges;
-4. the snapshot is put in bytewise canonical order and digested; the digest
+4. the catalog is put in bytewise canonical order and digested; the digest
    covers content only (no time, no revision number), so unchanged content
    publishes nothing (R17).
 """
@@ -169,7 +169,7 @@ class ParentState:
 
 @dataclass(frozen=True)
 class BuiltCatalog:
-    """A validated, deduplicated snapshot and everything a revision event needs.
+    """A validated, deduplicated catalog and everything a revision event needs.
 
     A lean build (``keep_rows=False``, or an incremental one) does not keep
     ``facts`` and ``grants`` (they were only streamed into the digest);

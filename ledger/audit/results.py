@@ -131,3 +131,10 @@ class PastView(TypedDict):
 
 
 JsonObject = dict[str, Any]
+
+
+class KeygenResult(TypedDict):
+    """``audit keygen``: the signer key file written and its verifier key's text."""
+
+    signer_key_file: str
+    verifier_key: str

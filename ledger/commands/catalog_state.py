@@ -4,13 +4,13 @@ A view is a cache of the log. The command side decides only on:
 
 * **the revision in force**: the last event of the catalog lineage (one seek on the
   ``(aggregate_id, version)`` index), never the catalog view's head row;
-* **its content**: the kept fragments (``ledger.store.fragments``) or, when none are
+* **its content**: the kept fragments (``ledger.store.kept_fragments``) or, when none are
   kept, the catalog views' rows in force, accepted only when they digest to the
   content digest and counts that revision event committed (anything else fails closed
   with INTEGRITY naming the catalog view tables);
 * **what happened since**: the binding and lifecycle events after the revision's cut,
   read from the log itself (O(events since));
-* **each pack's authority**: its aggregates' events (``LogReader.pack_states``,
+* **each pack's authority**: its aggregates' events (``Repository.pack_states``,
   classified by the one classifier, R13) or, for a pack the parent binds and that has
   no lifecycle event since, the parent's activation entry with the components of that
   generation's own ``generation.prepared`` event.
@@ -67,8 +67,8 @@ from ledger.log.db import stream_rows
 from ledger.log.recorder import LedgerRecorder, Precommit
 from ledger.log.sqltypes import dec
 from ledger.observability import get_logger
-from ledger.store import fragments as kept_fragments
-from ledger.store.runtime import LogReader
+from ledger.store import kept_fragments
+from ledger.store.runtime import Repository
 from projections import checks
 from projections.audience_map import AUDIENCE_MAP, AudienceMapView
 from projections.catalog_views import CATALOG_ACTIVATION, CATALOG_GRANT, OPEN, CatalogView
@@ -514,7 +514,7 @@ def parent_authorities(
 
 
 def log_authorities(
-    reader: LogReader,
+    reader: Repository,
     packs: Iterable[str],
     states: Mapping[PackName, PackState] | None = None,
 ) -> tuple[dict[str, PackAuthority], dict[str, str]]:

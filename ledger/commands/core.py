@@ -32,7 +32,7 @@ from domain.lifecycle import MAX_EPOCH
 from domain.matrix import Command, Rejection, rejection
 from ledger.commands.results import CommandResult, RecoveredAttempt
 from ledger.log import lease_rows
-from ledger.store.runtime import Ledger, LogReader
+from ledger.store.runtime import Ledger, Repository
 
 WRITER_LEASE = "writer"
 
@@ -192,7 +192,7 @@ class ServiceCore:
         aggregates = build(states)  # after the fence: building moves aggregate versions
 
         def terminal(conn: Connection) -> None:
-            reader = self.ledger.reader(conn)
+            reader = self.ledger.repository(conn)
             self._check(commands, {pack: reader.pack_state(pack) for pack in commands})
 
         self.fenced_save(handle, *aggregates, *extra, fence=versions, precommit=terminal)
@@ -223,7 +223,7 @@ class ServiceCore:
 
     @staticmethod
     def recorded(
-        reader: LogReader, command_id: str, kind: str, request_digest: str
+        reader: Repository, command_id: str, kind: str, request_digest: str
     ) -> CommandResult | None:
         """The recorded result of an exact retry, ``None`` if new; conflict if reused."""
         record = reader.command(command_id)
@@ -239,7 +239,7 @@ class ServiceCore:
         return cast(CommandResult, dict(record.result))
 
     def _command_id(
-        self, given: str | None, kind: str, request_digest: str, reader: LogReader
+        self, given: str | None, kind: str, request_digest: str, reader: Repository
     ) -> str:
         if given is not None:
             return str(CommandId(given))

@@ -8,9 +8,9 @@ from typing import cast
 from domain.canonical import parse_json
 from domain.coordination import CommandRecord
 from domain.identity import PackName
-from domain.lifecycle import LegacyRecord
 from domain.manifest import parse_legacy_records
 from domain.matrix import Command, ImportLegacy
+from domain.records import LegacyRecord
 from ledger.commands.leases import LeaseCommands
 from ledger.commands.results import ImportLegacyResult
 from ledger.commands.sources import read_input_file

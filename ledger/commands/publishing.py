@@ -49,8 +49,8 @@ from ledger.commands.core import ServiceCore
 from ledger.commands.results import CatalogCounts, CatalogOutcome, PublishResult
 from ledger.log.recorder import Precommit
 from ledger.observability import bind, get_logger, logged_command
-from ledger.store import fragments
-from ledger.store.runtime import Ledger, LogReader
+from ledger.store import kept_fragments
+from ledger.store.runtime import Ledger, Repository
 from projections.catalog_views import AudienceBindingView, CatalogView
 from projections.lifecycle_views import (
     InstalledPackView,
@@ -128,7 +128,7 @@ def read_snapshot(
     state.apply_changes(now, state.pending_changes(recorder, conn, head.cut if head else 0))
     bindings = [now[k] for k in sorted(now)]
     wanted = {b.pack for b in bindings} | parent.packs() | set(extra)
-    packs, newest = state.log_authorities(ledger.reader(conn), wanted, states)
+    packs, newest = state.log_authorities(ledger.repository(conn), wanted, states)
     return CatalogSnapshot(position, bindings, packs, _parent_state(head, parent), newest, head)
 
 
@@ -228,7 +228,7 @@ def read_from_fragments(ledger: Ledger, conn: Connection) -> FragmentSnapshot | 
         touched.update(g[2] for g in parent.grants_of(audience))
     steady = (touched & parent_packs) - moved
     packs = state.parent_authorities(recorder, conn, parent, steady)
-    fresh, _ = state.log_authorities(ledger.reader(conn), touched - steady)
+    fresh, _ = state.log_authorities(ledger.repository(conn), touched - steady)
     packs.update(fresh)
     problems = validate(CatalogInput(bindings, packs))
     if problems:
@@ -289,7 +289,7 @@ def fence_ids(
 
 
 def binding_aggregates(
-    reader: LogReader, changes: Iterable[BindingChange], versions: Mapping[UUID, int]
+    reader: Repository, changes: Iterable[BindingChange], versions: Mapping[UUID, int]
 ) -> list[AudienceBindings]:
     """The changed audiences' binding aggregates with their events applied."""
     out: dict[tuple[str, str], AudienceBindings] = {}
@@ -331,7 +331,7 @@ def binding_aggregates(
     return list(out.values())
 
 
-def positioned_catalog(reader: LogReader, parent: ParentState, version: int) -> Catalog:
+def positioned_catalog(reader: Repository, parent: ParentState, version: int) -> Catalog:
     """The catalog lineage aggregate at its log version, from the head revision row."""
     if version == 0:
         return Catalog(name=CATALOG_NAME)
@@ -428,7 +428,7 @@ def catalog_outcome(plan: PublishPlan) -> CatalogOutcome:
 
 
 def revision_aggregates(
-    reader: LogReader,
+    reader: Repository,
     head: LogHead | None,
     plan: PublishPlan,
     everything: Callable[[], Mapping[Audience, str]],
@@ -552,7 +552,7 @@ class PublishCommand(ServiceCore):
                 keep = None
                 if plan.event is not None:
                     changes = snap.next.changes if snap.content.kept else None
-                    keep = fragments.writer(snap.next.fragments, changes)
+                    keep = kept_fragments.writer(snap.next.fragments, changes)
                 audiences = snap.content.audiences() | snap.affected
                 return _Planned(
                     plan, snap.position, snap.head, snap.everything, snap.used, audiences, keep

@@ -11,15 +11,9 @@ from eventsourcing.domain import Aggregate
 from domain.classifier import PackState
 from domain.coordination import CommandRecord
 from domain.identity import PackName
-from domain.lifecycle import (
-    Generation,
-    LocalPack,
-    Origin,
-    PackActivation,
-    PackHistory,
-    install_id_for,
-)
+from domain.lifecycle import Generation, Origin, PackActivation, PackHistory, install_id_for
 from domain.matrix import Activate, Adopt, Command, Fail, LocalUpdate, Remove
+from domain.records import LocalPack
 from ledger.commands.core import LeaseHandle
 from ledger.commands.leases import LeaseCommands
 from ledger.commands.sources import ResolvedPack

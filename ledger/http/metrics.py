@@ -74,8 +74,8 @@ class StoreCollector:
                 served: int = CatalogReader(ledger.db).head().revision
             except Missing:  # nothing published yet
                 served = 0
-            with ledger.snapshot() as reader:
-                lease = reader.lease(WRITER_LEASE)
+            with ledger.snapshot() as repository:
+                lease = repository.lease(WRITER_LEASE)
             replica = replication(ledger.db)
         except Exception:  # the store is down: say so, never fail the scrape
             up.add_metric([], 0)

@@ -32,9 +32,10 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import Environment
 
+from ledger.log.append import InlineHook
 from ledger.log.db import Database
 from ledger.log.mapper import LogMapper
-from ledger.log.recorder import InlineHook, LedgerRecorder
+from ledger.log.recorder import LedgerRecorder
 from ledger.log.transcoder import OrjsonTranscoder
 
 

@@ -42,7 +42,7 @@ class LongBlob(sa.LargeBinary):
 
 
 def Blob() -> sa.types.TypeEngine[bytes]:
-    """An unbounded binary value (event state, snapshots)."""
+    """An unbounded binary value (event state, facts, fragment bodies)."""
     return sa.LargeBinary().with_variant(LongBlob(), *MYSQL_FAMILY)
 
 

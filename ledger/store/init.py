@@ -41,7 +41,7 @@ def _dialect(name: str) -> sa.engine.Dialect:
 def all_metadata() -> list[sa.MetaData]:
     """Every table the store owns: the log first, then the projections, then the
     publisher's derived fragments."""
-    from ledger.store.fragments import metadata as caches
+    from ledger.store.kept_fragments import metadata as caches
     from projections.tables import metadata as views
 
     return [schema.metadata, views, caches]

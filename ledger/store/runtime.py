@@ -1,8 +1,12 @@
 """The running store: recorder + inline projections + ``eventsourcing`` application.
 
-``Ledger`` wires the pieces once; ``LogReader`` loads aggregates from the log
+``Ledger`` wires the pieces once; ``Repository`` loads aggregates from the log
 inside one connection, so a decision is made on one consistent snapshot
 (preflight) and re-checked on the locked current state (inside the append).
+
+"Snapshot" means one consistent read of the store, nothing else: a published catalog
+is a revision, and the ``eventsourcing`` ``Snapshot`` event that ``positioned`` seeds an
+aggregate with is named as the library's class wherever it appears.
 """
 
 from __future__ import annotations
@@ -24,16 +28,13 @@ from domain.event_types import unreadable
 from domain.identity import PackName
 from domain.lifecycle import (
     Generation,
-    LegacyRecord,
-    LocalPack,
     PackActivation,
     PackHistory,
     activation_id,
     generation_id,
     history_id,
-    legacy_id,
-    local_id,
 )
+from domain.records import LegacyRecord, LocalPack, legacy_id, local_id
 from ledger.log.application import LedgerApplication
 from ledger.log.db import Database
 from ledger.log.recorder import LedgerRecorder
@@ -53,21 +54,23 @@ class Ledger:
         self.recorder.inline_hooks.append(self.runner.inline_hook)
         self.app = LedgerApplication(db, recorder=self.recorder)
 
-    def reader(self, conn: Connection) -> LogReader:
-        return LogReader(self, conn)
+    def repository(self, conn: Connection) -> Repository:
+        """Aggregates as ``conn`` reads them (inside a transaction the caller holds)."""
+        return Repository(self, conn)
 
     @contextmanager
-    def snapshot(self) -> Iterator[LogReader]:
+    def snapshot(self) -> Iterator[Repository]:
         """Aggregates as of one consistent read snapshot."""
         with self.db.read() as conn:
-            yield LogReader(self, conn)
+            yield Repository(self, conn)
 
     def close(self) -> None:
         self.db.close()
 
 
-class LogReader:
-    """Loads aggregates from the log through one connection."""
+class Repository:
+    """Loads aggregates (packs, leases, command records) from the log through one
+    connection."""
 
     def __init__(self, ledger: Ledger, conn: Connection) -> None:
         self.ledger = ledger
@@ -205,18 +208,18 @@ class LogReader:
 
         For aggregates whose decisions are made against views (bindings, the
         catalog lineage) and which only need their identity and version to
-        append: an ``eventsourcing`` snapshot built from the view state in this
+        append: an ``eventsourcing`` ``Snapshot`` event built from the view state in this
         same read transaction. The version is the log's, so the read fence still
         guards every decision made on that state.
         """
         stamp = Snapshot.create_timestamp()
-        snapshot = Snapshot(
+        seed = Snapshot(
             originator_id=aggregate,
             originator_version=version,
             timestamp=stamp,
             topic=get_topic(cls),
             state={**state, "_created_on": stamp, "_modified_on": stamp},
         )
-        result = snapshot.mutate(None)
+        result = seed.mutate(None)
         assert isinstance(result, cls)
         return result

@@ -150,10 +150,10 @@ def test_r8_appends_small_and_past_the_packet_split_chain_identically(db: Databa
     and a duplicate version is CONFLICT with nothing written either way."""
     from eventsourcing.persistence import StoredEvent
 
-    from ledger.log import recorder as recorder_module
+    from ledger.log import append as append_module
 
     recorder = LedgerRecorder(db)
-    big = b"x" * (recorder_module._PACKET // 2 + 1)
+    big = b"x" * (append_module._PACKET // 2 + 1)
     agg = uuid4()
     small = [StoredEvent(agg, v, "note.added v1", b'{"n":%d}' % v) for v in (1, 2, 3)]
     large = [StoredEvent(agg, v, "note.added v1", big) for v in (4, 5, 6)]

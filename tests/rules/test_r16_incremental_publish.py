@@ -31,8 +31,8 @@ from ledger.commands.publishing import (
     read_from_fragments,
     read_snapshot,
 )
-from ledger.store.fragments import _labelled
 from ledger.store.init import init_store
+from ledger.store.kept_fragments import _labelled
 from publisher.catalog import (
     BindingRow,
     CatalogInput,
@@ -397,7 +397,7 @@ def test_r16_build_incremental_validates_every_affected_audience_before_anything
     assert [p.reason for p in info.value.problems] == ["MISSING_REQUIREMENT"]
 
 
-# -- kept fragments (ledger.store.fragments) ------------------------------------------------
+# -- kept fragments (ledger.store.kept_fragments) ------------------------------------------------
 
 
 #: Whether the incremental store's ``publish`` is running (``_streams`` counts only then).

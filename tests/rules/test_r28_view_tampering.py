@@ -36,7 +36,7 @@ from domain.errors import IntegrityFailure, LedgerError, Missing, Stale
 from ledger.audit.verify import verify_log
 from ledger.commands.service import CommandService
 from ledger.log.db import open_database
-from ledger.store import fragments
+from ledger.store import kept_fragments
 from ledger.store.runtime import Ledger
 from projections import checks
 from projections.framework import state_table
@@ -168,7 +168,7 @@ class Edit:
 
 def _tables() -> list[sa.Table]:
     out = [t.physical for p in ALL_PROJECTIONS for t in p.tables]
-    return [*out, fragments.FRAGMENTS]
+    return [*out, kept_fragments.FRAGMENTS]
 
 
 def _live_row(conn: sa.Connection, table: sa.Table) -> dict[str, Any] | None:

@@ -66,6 +66,18 @@ ALLOWED_OURS = {
         "projections",
         "publisher",
     },
+    # What the store's own operations return (the read and admin side's results).
+    "ledger.results": {"domain", "projections"},
+    # The store's own operations (admin, reads, lease state, import, projections).
+    "ledger.operations": {
+        "domain",
+        "ledger.log",
+        "ledger.store",
+        "ledger.commands",
+        "ledger.audit",
+        "ledger.results",
+        "projections",
+    },
     # The public Python API composes everything below the entrypoints.
     "ledger.api": {
         "domain",
@@ -74,6 +86,8 @@ ALLOWED_OURS = {
         "ledger.commands",
         "ledger.audit",
         "ledger.observability",
+        "ledger.operations",
+        "ledger.results",
         "projections",
     },
     # The runtime client speaks HTTP to a server; it shares only the pure domain (the
@@ -126,6 +140,9 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == "ledger" and node.level == 0:
+            # The namespace package holds nothing: ``from ledger import x`` imports ledger.x.
+            found.update(f"ledger.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
     return found

@@ -23,8 +23,8 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ledger.log.append import Precommit
 from ledger.log.db import stream_rows
-from ledger.log.recorder import Precommit
 from ledger.log.sqltypes import Binary, Blob
 from ledger.observability import get_logger
 from projections import checks

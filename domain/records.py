@@ -1,0 +1,183 @@
+"""Records of packs that are not catalog authority (R5, R7): what a pack may also be.
+
+* ``LocalPack`` — the mutable in-place record of a ``local_path`` pack (R5):
+  shown in the compatibility view, never catalog authority; removable, and
+  installable again as a fresh incarnation.
+* ``LegacyRecord`` — a pre-existing ``_System_InstalledPack`` row, recorded
+  once so that it can be adopted (R7 "adopt").
+
+The authority itself (generations, the activation pointer, the history of attempts)
+is ``domain.lifecycle``. The classes' stored topics are the event type table's
+(``domain.event_types``), never these Python paths.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.digests import aggregate_id
+from domain.lifecycle import install_id_for
+
+
+class LocalPack(Aggregate):
+    """A ``local_path`` pack's in-place record (R5): development only, never authority."""
+
+    class Installed(Aggregate.Created):
+        pack: str
+        install_id: str
+        category: str
+        locator: str
+        path: str
+        payload_hash: str
+
+    class Updated(Aggregate.Event):
+        pack: str
+        category: str
+        locator: str
+        path: str
+        payload_hash: str
+
+    class Removed(Aggregate.Event):
+        """The local_path pack is removed: its compatibility-view row goes (R7)."""
+
+        pack: str
+        install_id: str
+
+    class Reinstalled(Aggregate.Event):
+        """A removed local_path pack installed again: a fresh incarnation and install id."""
+
+        pack: str
+        install_id: str
+        incarnation: int
+        category: str
+        locator: str
+        path: str
+        payload_hash: str
+
+    @staticmethod
+    def create_id(pack: str, **_: Any) -> UUID:
+        return local_id(pack)
+
+    @event(Installed)
+    def __init__(
+        self, pack: str, install_id: str, category: str, locator: str, path: str, payload_hash: str
+    ) -> None:
+        self.pack = pack
+        self.install_id = install_id
+        self.category = category
+        self.locator = locator
+        self.path = path
+        self.payload_hash = payload_hash
+        self.incarnation = 1
+        self.removed = False
+
+    @event(Updated)
+    def _updated(
+        self, pack: str, category: str, locator: str, path: str, payload_hash: str
+    ) -> None:
+        self.category = category
+        self.locator = locator
+        self.path = path
+        self.payload_hash = payload_hash
+
+    @event(Removed)
+    def _removed(self, pack: str, install_id: str) -> None:
+        self.removed = True
+
+    @event(Reinstalled)
+    def _reinstalled(
+        self,
+        pack: str,
+        install_id: str,
+        incarnation: int,
+        category: str,
+        locator: str,
+        path: str,
+        payload_hash: str,
+    ) -> None:
+        self.install_id = install_id
+        self.incarnation = incarnation
+        self.category = category
+        self.locator = locator
+        self.path = path
+        self.payload_hash = payload_hash
+        self.removed = False
+
+    def update(self, category: str, locator: str, path: str, payload_hash: str) -> None:
+        self._updated(
+            pack=self.pack, category=category, locator=locator, path=path, payload_hash=payload_hash
+        )
+
+    def remove(self) -> None:
+        self._removed(pack=self.pack, install_id=self.install_id)
+
+    def reinstall(self, category: str, locator: str, path: str, payload_hash: str) -> None:
+        """Install a removed local_path pack again under a fresh install id."""
+        incarnation = self.incarnation + 1
+        self._reinstalled(
+            pack=self.pack,
+            install_id=install_id_for(self.pack, "local_path", payload_hash, incarnation),
+            incarnation=incarnation,
+            category=category,
+            locator=locator,
+            path=path,
+            payload_hash=payload_hash,
+        )
+
+
+class LegacyRecord(Aggregate):
+    """A legacy ``_System_InstalledPack`` row, recorded once per pack."""
+
+    class Imported(Aggregate.Created):
+        pack: str
+        install_id: str
+        status: str
+        category: str
+        source: dict[str, Any]
+        applied_payload_hash: str | None
+
+    @staticmethod
+    def create_id(pack: str, **_: Any) -> UUID:
+        return legacy_id(pack)
+
+    @event(Imported)
+    def __init__(
+        self,
+        pack: str,
+        install_id: str,
+        status: str,
+        category: str,
+        source: dict[str, Any],
+        applied_payload_hash: str | None,
+    ) -> None:
+        self.pack = pack
+        self.install_id = install_id
+        self.status = status
+        self.category = category
+        self.source = source
+        self.applied_payload_hash = applied_payload_hash
+
+    @property
+    def source_kind(self) -> str:
+        return str(self.source.get("kind", ""))
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "pack": self.pack,
+            "install_id": self.install_id,
+            "status": self.status,
+            "category": self.category,
+            "source": self.source,
+            "applied_payload_hash": self.applied_payload_hash,
+        }
+
+
+def local_id(pack: str) -> UUID:
+    return aggregate_id("local", pack)
+
+
+def legacy_id(pack: str) -> UUID:
+    return aggregate_id("legacy", pack)

@@ -1,0 +1,138 @@
+"""What the read service's OpenAPI document declares: the response models, the view's
+parameters and the error answers of each route (``schema/openapi.json`` is generated
+from them). Validation is not here: ``parse_audience`` / ``parse_revision`` reject
+every bad input as INVALID naming the part; these only tell clients (and schemathesis)
+what is accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from ledger.http.watch import MAX_WAIT, MIN_WAIT
+
+
+class ErrorBody(BaseModel):
+    error: str
+    message: str
+    details: dict[str, Any]
+
+
+class Grant(BaseModel):
+    pack: str
+    kind: str
+    key: str
+    credential_set: str | None
+    install_id: str
+
+
+class Fact(BaseModel):
+    pack: str
+    install_id: str
+    kind: str
+    key: str
+    payload: Any
+    requires: list[dict[str, str | None]]
+    credential_sets: list[str] | None
+    #: The generation's payload hash: with the fields above it lets a client recompute
+    #: ``fact_digest`` (``domain.served.fact_digest``), and so the audience digest.
+    payload_hash: str
+    fact_digest: str
+
+
+class View(BaseModel):
+    audience: str
+    revision: int
+    content_digest: str
+    audience_digest: str
+    grants: list[Grant]
+    facts: list[Fact]
+
+
+class Head(BaseModel):
+    revision: int
+    content_digest: str
+
+
+class Replication(BaseModel):
+    io_running: bool
+    sql_running: bool
+    seconds_behind_primary: int | None
+    last_error: str | None
+
+
+class Health(BaseModel):
+    healthy: bool
+    log_head: int
+    catalog_revision: int | None
+    projections: dict[str, dict[str, Any]]
+    #: False when this service writes nothing (read-only server or SELECT-only account).
+    writes: bool = True
+    #: The replica's replication from its primary (None: not a replica, or not visible).
+    replication: Replication | None = None
+    #: The schema contract (R24), checked once when the service started.
+    schema_ok: bool = True
+    schema_differences: list[dict[str, Any]] = []
+
+
+# The view's parameters as the OpenAPI document describes them (R1, R19).
+_KIND_DOC = "Audience kind."
+_KIND_SCHEMA: dict[str, Any] = {"enum": ["app", "integration"]}
+_ID_DOC = (
+    "Audience id (R1): exact UTF-8, at most 255 bytes, no control characters, "
+    "no leading or trailing whitespace; case and normalization are significant."
+)
+_ID_SCHEMA: dict[str, Any] = {
+    "minLength": 1,
+    "maxLength": 255,
+    "pattern": r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$",
+}
+_REVISION_DOC = "Serve only a catalog revision at least this high (else 409 STALE)."
+_REVISION_SCHEMA: dict[str, Any] = {"pattern": "^[0-9]{1,18}$"}
+_WAIT_DOC = (
+    "Watch: with `If-None-Match` matching the audience's current ETag, wait up to this "
+    "many seconds for its own content to change (200 with the new view), else 304."
+)
+_INM_DOC = (
+    'ETags seen (`W/"<audience digest>"`) or `*`: 304 when the audience\'s content is '
+    "unchanged, even when the revision moved."
+)
+
+VIEW_PATH = "/v1/audiences/{kind}/{audience_id:anytext}/view"
+VIEW_PARAMETERS: list[dict[str, Any]] = [
+    {"name": "kind", "in": "path", "required": True, "description": _KIND_DOC,
+     "schema": {"type": "string", **_KIND_SCHEMA}},
+    {"name": "audience_id", "in": "path", "required": True, "description": _ID_DOC,
+     "schema": {"type": "string", **_ID_SCHEMA}},
+    {"name": "min_revision", "in": "query", "required": False, "description": _REVISION_DOC,
+     "schema": {"type": "string", **_REVISION_SCHEMA}},
+    {"name": "wait", "in": "query", "required": False, "description": _WAIT_DOC,
+     "schema": {"type": "integer", "minimum": MIN_WAIT, "maximum": MAX_WAIT}},
+    {"name": "If-None-Match", "in": "header", "required": False, "description": _INM_DOC,
+     "schema": {"type": "string"}},
+]  # fmt: skip
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in ((400, "INVALID"), (404, "MISSING"), (409, "STALE"), (500, "INTEGRITY"))
+}
+#: The answers of a route that needs a credential (R26).
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {
+        "model": ErrorBody,
+        "description": "UNAUTHENTICATED: the bearer token is missing, malformed, unknown, "
+        "revoked or expired (with `WWW-Authenticate: Bearer`)",
+    },
+    **ERRORS,
+}
+#: The view's answers: the credential route's, 304 and 503.
+VIEW_RESPONSES: dict[int | str, dict[str, Any]] = {
+    304: {"description": "Not modified: the audience's content is unchanged"},
+    **AUTH_ERRORS,
+    503: {
+        "model": ErrorBody,
+        "description": "UNAVAILABLE (too many waiters: `Retry-After`; the store is unreachable)",
+    },
+}
