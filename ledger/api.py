@@ -40,7 +40,7 @@ from ledger.store import contract, migrations
 from ledger.store.init import StoreInfo, init_store, require_schema
 from ledger.store.init import ddl as store_ddl
 from ledger.store.runtime import Ledger
-from projections.queries import PackStatus, Removal, pack_status
+from projections.queries.status import PackStatus, Removal, pack_status
 from projections.reader import CatalogReader, parse_audience, parse_revision
 
 # What only some methods use is imported in them, so that ``status`` and ``view`` (and

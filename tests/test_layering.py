@@ -46,6 +46,8 @@ ALLOWED_OURS = {
     # Views declare their tables with the log's identity column types (R3): one
     # declaration of binary identity semantics for every table in the store.
     "projections": {"domain", "ledger.log.sqltypes"},
+    # The read model's queries stream the view tables through the log's engine helper.
+    "projections.queries": {"domain", "projections", "ledger.log.sqltypes", "ledger.log.db"},
     "ledger.log": {"domain"},
     # The store keeps the publisher's derived fragments (its table, read and written
     # in the shapes of the pure ``publisher.fragments``): publisher is as inward as views.

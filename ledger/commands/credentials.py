@@ -37,7 +37,7 @@ from ledger.commands.core import ServiceCore
 from ledger.observability import get_logger, logged_command
 from ledger.store import credential_log
 from projections.credentials import CredentialRow, CredentialView, credential_rows
-from projections.queries import require_running
+from projections.queries.status import require_running
 
 log = get_logger("credentials")
 

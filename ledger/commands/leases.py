@@ -40,7 +40,7 @@ from ledger.log.recorder import LedgerRecorder
 from ledger.observability import get_logger, phased
 from projections import checks
 from projections.lifecycle_views import PACK_GENERATION
-from projections.queries import preparing_generations
+from projections.queries.status import preparing_generations
 
 log = get_logger("lease")
 

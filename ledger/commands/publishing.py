@@ -58,7 +58,7 @@ from projections.lifecycle_views import (
     PackComponentView,
     PackGenerationView,
 )
-from projections.queries import require_running
+from projections.queries.status import require_running
 from publisher.catalog import (
     Audience,
     BindingRow,
