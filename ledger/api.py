@@ -182,7 +182,7 @@ class KeygenResult(TypedDict):
 
 def read_text(path: Path, field: str) -> str:
     """A small UTF-8 input file (keys, checkpoints, proofs), or INVALID naming ``field``."""
-    from ledger.commands.sources import read_input_file
+    from ledger.sources.files import read_input_file
 
     data = read_input_file(path, field=field, limit=1 << 20)
     try:
@@ -203,7 +203,7 @@ def verifier_key(key: str | None) -> VerifierKey | None:
 
 def pack_hash(manifest: Path, pack: str) -> PackHash:
     """The v1 and v0 payload hashes of ``pack``'s content as ``manifest`` resolves it."""
-    from ledger.commands.sources import load_manifest, resolve_packs
+    from ledger.sources.resolve import load_manifest, resolve_packs
 
     loaded = load_manifest(manifest)
     chosen = [p for p in loaded.packs if p.name == pack]

@@ -52,10 +52,13 @@ ALLOWED_OURS = {
     # The store keeps the publisher's derived fragments (its table, read and written
     # in the shapes of the pure ``publisher.fragments``): publisher is as inward as views.
     "ledger.store": {"domain", "ledger.log", "ledger.observability", "projections", "publisher"},
+    # The sources adapter: pack content from git and the file system (R5).
+    "ledger.sources": {"domain"},
     "ledger.commands": {
         "domain",
         "ledger.log",
         "ledger.observability",
+        "ledger.sources",
         "ledger.store",
         "projections",
         "publisher",
@@ -64,7 +67,7 @@ ALLOWED_OURS = {
         "domain",
         "ledger.log",
         "ledger.store",
-        "ledger.commands.sources",
+        "ledger.sources",
         "projections",
         "publisher",
     },
@@ -76,6 +79,7 @@ ALLOWED_OURS = {
         "ledger.commands",
         "ledger.audit",
         "ledger.observability",
+        "ledger.sources",
         "projections",
     },
     # The runtime client speaks HTTP to a server; it shares only the pure domain (the

@@ -279,7 +279,7 @@ _CRASH_CHILD = textwrap.dedent(
     handle = service.acquire_lease()
     from domain.identity import PackName
     from domain.manifest import ManifestPack, OfficialSource
-    from ledger.commands.sources import resolve_packs
+    from ledger.sources.resolve import resolve_packs
     from pathlib import Path
     (target,) = resolve_packs([ManifestPack(PackName(pack),
                               OfficialSource(repo, to, pack + "/pack.json"))], base=Path(repo))

@@ -62,8 +62,8 @@ from domain.matrix import Advance, Install
 from ledger.audit.verify import verify_log
 from ledger.commands.publishing import read_snapshot
 from ledger.commands.service import CommandService, LeaseHandle
-from ledger.commands.sources import ResolvedPack, resolve_packs
 from ledger.log.db import Database, open_database
+from ledger.sources.resolve import ResolvedPack, resolve_packs
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
 from projections.reader import CatalogReader

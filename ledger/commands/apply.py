@@ -53,9 +53,9 @@ from ledger.commands.results import (
     PackOutcome,
     RecoveredAttempt,
 )
-from ledger.commands.sources import ResolvedPack, resolve_manifest
 from ledger.commands.steps import LifecycleSteps
 from ledger.observability import bind, get_logger, logged_command, phase, phased
+from ledger.sources.resolve import ResolvedPack, resolve_manifest
 from publisher.catalog import CatalogInput, PackAuthority
 from publisher.planning import (
     BindingChange,

@@ -13,8 +13,8 @@ from domain.manifest import parse_legacy_records
 from domain.matrix import Command, ImportLegacy
 from ledger.commands.leases import LeaseCommands
 from ledger.commands.results import ImportLegacyResult
-from ledger.commands.sources import read_input_file
 from ledger.observability import bind, get_logger, logged_command
+from ledger.sources.files import read_input_file
 
 log = get_logger("import_legacy")
 

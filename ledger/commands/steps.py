@@ -22,7 +22,7 @@ from domain.lifecycle import (
 from domain.matrix import Activate, Adopt, Command, Fail, LocalUpdate, Remove
 from ledger.commands.core import LeaseHandle
 from ledger.commands.leases import LeaseCommands
-from ledger.commands.sources import ResolvedPack
+from ledger.sources.resolve import ResolvedPack
 
 
 class LifecycleSteps(LeaseCommands):
