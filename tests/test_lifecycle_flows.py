@@ -18,7 +18,7 @@ from domain.errors import LifecycleRejected
 from domain.lifecycle import GenerationStatus
 from domain.log import first_chain_break
 from domain.matrix import Advance
-from ledger.commands.core import LeaseLost
+from ledger.commands.writer_lease import LeaseLost
 from tests.cli_support import run_cli
 from tests.lifecycle_support import World, new_service
 

@@ -1,5 +1,6 @@
 """Single lifecycle steps: prepare candidates, activate them atomically, fail them (R6-R9);
-removal (R7) is part of the one final append."""
+removal (R7) is part of the one final append. Each step is one checked append through
+the unit of work, and can be built and run alone (``LifecycleSteps(UnitOfWork(ledger))``)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,16 @@ from domain.lifecycle import (
     install_id_for,
 )
 from domain.matrix import Activate, Adopt, Command, Fail, LocalUpdate, Remove
-from ledger.commands.core import LeaseHandle
-from ledger.commands.leases import LeaseCommands
+from ledger.commands.unit_of_work import UnitOfWork
+from ledger.commands.writer_lease import LeaseHandle
 from ledger.sources.resolve import ResolvedPack
 
 
-class LifecycleSteps(LeaseCommands):
-    """One checked append per step; ``apply`` composes them."""
+class LifecycleSteps:
+    """One checked append per step, through ``uow``; ``apply`` composes them."""
+
+    def __init__(self, uow: UnitOfWork) -> None:
+        self.uow = uow
 
     def prepare(
         self, handle: LeaseHandle, items: Sequence[tuple[ResolvedPack, Command]]
@@ -70,7 +74,7 @@ class LifecycleSteps(LeaseCommands):
                 created[resolved.name] = install_id
             return out
 
-        self.checked_append(handle, commands, build)
+        self.uow.checked_append(handle, commands, build)
         return created
 
     def activate(
@@ -134,7 +138,7 @@ class LifecycleSteps(LeaseCommands):
                 out.extend(self._remove(states[pack], epochs))
             return out
 
-        self.checked_append(
+        self.uow.checked_append(
             handle,
             commands,
             build,
@@ -214,4 +218,4 @@ class LifecycleSteps(LeaseCommands):
             newest.fail(dirty=dirty, reason=reason)
             return [newest]
 
-        self.checked_append(handle, commands, build)
+        self.uow.checked_append(handle, commands, build)
