@@ -191,3 +191,78 @@ def test_layering_check_catches_a_forbidden_import(
     assert len(_violations("domain", IO_MODULES)) == 2
     assert _violations("ledger.log", set()) == ["ledger/log/bad.py imports projections.runner"]
     assert _violations("ledger.cli", set()) == ["ledger/cli/bad.py imports ledger.log.db"]
+
+
+def _command_class_bases(root: Path) -> list[str]:
+    """Every class under ``ledger/commands`` that inherits from a class defined there
+    (``module.Class inherits module.Base``): command classes take collaborators, never
+    a mixin (issue 26). A result shape extending another (``TypedDict``) is data, not a
+    command class, and is not counted."""
+    package = root / "ledger" / "commands"
+    trees = {
+        ".".join(p.relative_to(root).with_suffix("").parts): ast.parse(p.read_text("utf-8"))
+        for p in sorted(package.rglob("*.py"))
+    }
+    defined = {
+        (module, node.name)
+        for module, tree in trees.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+    }
+    bases: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for module, tree in trees.items():
+        imported: dict[str, tuple[str, str]] = {}  # local name -> (module, name)
+        modules: dict[str, str] = {}  # local alias -> module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    local = alias.asname or alias.name
+                    imported[local] = (node.module, alias.name)
+                    modules[local] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    modules[alias.asname or alias.name] = alias.name
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            found = bases.setdefault((module, node.name), [])
+            for base in node.bases:
+                if isinstance(base, ast.Name):
+                    found.append(imported.get(base.id, (module, base.id)))
+                elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name):
+                    found.append((modules.get(base.value.id, base.value.id), base.attr))
+    shapes = {c for c, found in bases.items() if any(b[1] == "TypedDict" for b in found)}
+    while grown := {c for c, found in bases.items() if set(found) & shapes} - shapes:
+        shapes |= grown
+    return [
+        f"{c[0]}.{c[1]} inherits {b[0]}.{b[1]}"
+        for c, found in bases.items()
+        for b in found
+        if b in defined and b not in shapes
+    ]
+
+
+def test_no_command_class_inherits_another_command_class() -> None:
+    assert _command_class_bases(ROOT) == []
+
+
+def test_mixin_check_catches_a_command_mixin(tmp_path: Path) -> None:
+    package = tmp_path / "ledger" / "commands"
+    package.mkdir(parents=True)
+    (package / "core.py").write_text("class Core:\n    pass\n")
+    (package / "apply.py").write_text(
+        "from ledger.commands.core import Core\n"
+        "from ledger.commands import core\n"
+        "class Apply(Core):\n    pass\n"
+        "class Again(core.Core):\n    pass\n"
+        "class Fine(Exception):\n    pass\n"
+        "class Local(Fine):\n    pass\n"
+        "from typing import TypedDict\n"
+        "class Shape(TypedDict):\n    a: int\n"
+        "class Wider(Shape):\n    b: int\n"
+    )
+    assert _command_class_bases(tmp_path) == [
+        "ledger.commands.apply.Apply inherits ledger.commands.core.Core",
+        "ledger.commands.apply.Again inherits ledger.commands.core.Core",
+        "ledger.commands.apply.Local inherits ledger.commands.apply.Fine",
+    ]
