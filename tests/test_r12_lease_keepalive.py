@@ -93,8 +93,8 @@ class InterruptedSteps(LifecycleSteps):
         super().__init__(uow)
         self.during = during
 
-    def prepare(self, handle: LeaseHandle, items: Sequence[Any]) -> dict[str, str]:
-        out = super().prepare(handle, items)
+    def prepare(self, handle: LeaseHandle, items: Sequence[Any], **options: Any) -> dict[str, str]:
+        out = super().prepare(handle, items, **options)
         self.during(handle)
         return out
 

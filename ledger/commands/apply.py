@@ -296,7 +296,11 @@ class ApplyHandler:
             if cmd is not None and decision in (Decision.INSTALL, Decision.ADVANCE)
         ]
         with phase("prepare", packs=len(to_prepare)):
-            candidates = self.steps.prepare(handle, to_prepare) if to_prepare else {}
+            # Fenced on the states this plan was made from (no second read of them).
+            prepared = {p: states[p] for p in (PackName.trusted(r.name) for r, _ in to_prepare)}
+            candidates = (
+                self.steps.prepare(handle, to_prepare, states=prepared) if to_prepare else {}
+            )
         try:
             return self._finish(
                 handle,

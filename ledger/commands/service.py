@@ -180,9 +180,13 @@ class CommandService:
     # -- single lifecycle steps and the checked append ----------------------------------------
 
     def prepare(
-        self, handle: LeaseHandle, items: Sequence[tuple[ResolvedPack, Command]]
+        self,
+        handle: LeaseHandle,
+        items: Sequence[tuple[ResolvedPack, Command]],
+        *,
+        states: Mapping[PackName, PackState] | None = None,
     ) -> dict[str, str]:
-        return self.steps.prepare(handle, items)
+        return self.steps.prepare(handle, items, states=states)
 
     def activate(
         self,

@@ -33,9 +33,17 @@ class LifecycleSteps:
         self.uow = uow
 
     def prepare(
-        self, handle: LeaseHandle, items: Sequence[tuple[ResolvedPack, Command]]
+        self,
+        handle: LeaseHandle,
+        items: Sequence[tuple[ResolvedPack, Command]],
+        *,
+        states: Mapping[PackName, PackState] | None = None,
     ) -> dict[str, str]:
-        """Record fresh candidates (install or advance); returns pack -> install id."""
+        """Record fresh candidates (install or advance); returns pack -> install id.
+
+        ``states``: the prepared packs' states as the caller just read them under the
+        lease (the decision's own snapshot; the append is fenced on their versions), else
+        read here."""
         commands = {PackName.trusted(r.name): cmd for r, cmd in items}
         created: dict[str, str] = {}
 
@@ -74,7 +82,7 @@ class LifecycleSteps:
                 created[resolved.name] = install_id
             return out
 
-        self.uow.checked_append(handle, commands, build)
+        self.uow.checked_append(handle, commands, build, states=states)
         return created
 
     def activate(
