@@ -302,21 +302,21 @@ class ApplyHandler:
                 self.steps.prepare(handle, to_prepare, states=prepared) if to_prepare else {}
             )
         try:
-            return self._finish(
-                handle,
-                cid,
-                request_digest,
-                resolved,
-                plan,
-                candidates,
-                manifest.bindings,
-                publish=publish,
-            )
+            with phase("final_append"):
+                return self._finish(
+                    handle,
+                    cid,
+                    request_digest,
+                    resolved,
+                    plan,
+                    candidates,
+                    manifest.bindings,
+                    publish=publish,
+                )
         except LedgerError as exc:
             self._abandon(handle, candidates, exc)
             raise
 
-    @phased("final_append")
     def _finish(
         self,
         handle: LeaseHandle,

@@ -33,6 +33,7 @@ import socket
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,21 @@ class CommandService:
             clock=clock,
         )
         self.steps = LifecycleSteps(self.uow)
-        self.publishing = PublishHandler(ledger, self.uow)
-        self.legacy = ImportLegacyHandler(ledger, self.uow, self.lease)
-        self.credentials = CredentialHandler(ledger, clock=clock)
+        self.clock = clock
+
+    # The other handlers are built on first use: a command wires only what it runs.
+
+    @cached_property
+    def publishing(self) -> PublishHandler:
+        return PublishHandler(self.ledger, self.uow)
+
+    @cached_property
+    def legacy(self) -> ImportLegacyHandler:
+        return ImportLegacyHandler(self.ledger, self.uow, self.lease)
+
+    @cached_property
+    def credentials(self) -> CredentialHandler:
+        return CredentialHandler(self.ledger, clock=self.clock)
 
     # -- apply (built per call: over whichever steps this service holds) ---------------------
 
