@@ -165,3 +165,14 @@ def test_r16_release_simulation_runs_alone_and_appends_nothing(store: World) -> 
     assert not release.noop and release.publication.changed
     assert release.authorities["sales"].epoch == 1
     assert store.head() == head
+
+
+def test_r11_read_fence_refuses_what_moved_after_it_was_read(store: World) -> None:
+    uow = UnitOfWork(store.ledger)
+    read_at = store.head()
+    store.apply(store.official("sales", store.commit("sales", 1)), publish=False)
+    audience = ("app", "crm")
+    with store.db.read() as conn:
+        uow.read_fence(read_at, {"other"}, {audience})(conn)  # nothing it read moved
+        with pytest.raises(Conflict, match="the read fence moved"):
+            uow.read_fence(read_at, {"sales"}, {audience})(conn)

@@ -26,7 +26,6 @@ import bisect
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from uuid import UUID
 
 import orjson
 from sqlalchemy.engine import Connection
@@ -45,21 +44,18 @@ from domain.classifier import (
     PackState,
     classify,
 )
-from domain.errors import Conflict, IntegrityFailure
+from domain.errors import IntegrityFailure
 from domain.event_types import (
+    BINDING_TYPES,
     LIFECYCLE_TYPES,
-    T_GRANTED,
     T_PREPARED,
     T_PUBLISHED,
-    T_REBOUND,
     T_REVOKED,
-    T_VIEW_OPENED,
-    T_VIEW_PUBLISHED,
     Decoded,
 )
 from domain.identity import PackName
 from domain.lifecycle import generation_id
-from ledger.log.recorder import LedgerRecorder, Precommit
+from ledger.log.recorder import LedgerRecorder
 from ledger.observability import get_logger
 from ledger.store import fragments as kept_fragments
 from ledger.store.runtime import LogReader
@@ -83,8 +79,6 @@ from publisher.fragments import (
 )
 
 log = get_logger("publish")
-
-BINDING_TYPES = frozenset({T_GRANTED, T_REBOUND, T_REVOKED})
 
 
 def _integrity(event: Decoded, problem: str) -> IntegrityFailure:
@@ -478,51 +472,3 @@ def audiences_root(
 
 def _raw(digest: str | None) -> bytes | None:
     return None if digest is None else bytes.fromhex(digest)
-
-
-# -- fencing what was read ---------------------------------------------------------------------
-
-FENCED_TYPES = frozenset(
-    {*LIFECYCLE_TYPES, *BINDING_TYPES, T_PUBLISHED, T_VIEW_OPENED, T_VIEW_PUBLISHED}
-)
-
-
-def unchanged_since(
-    recorder: LedgerRecorder,
-    position: int,
-    packs: Collection[str],
-    audiences: Collection[Audience],
-) -> Precommit:
-    """A precommit refusing the append (``Conflict``) if, after ``position``, the catalog
-    lineage moved, any of ``packs`` had a lifecycle event (the authority it decided on) or
-    any of ``audiences`` a binding event (the bindings it validated or reused). Reads the
-    (usually no) events appended since, by position."""
-    wanted, who = set(packs), set(audiences)
-
-    def check(conn: Connection) -> None:
-        for event in recorder.decoded_after(conn, after=position, topics=FENCED_TYPES):
-            d = event.data
-            if event.type in LIFECYCLE_TYPES and d.get("pack") not in wanted:
-                continue
-            if (
-                event.type in BINDING_TYPES
-                and (d.get("audience_kind"), d.get("audience_id")) not in who
-            ):
-                continue
-            raise Conflict(
-                "state changed since it was read: the read fence moved",
-                read_at_position=position,
-                position=event.position,
-                event=event.type,
-            )
-
-    return check
-
-
-def published_versions(
-    recorder: LedgerRecorder, conn: Connection, audiences: Iterable[Audience]
-) -> dict[UUID, int]:
-    """The log versions of the audiences' ``PublishedView`` aggregates (0: none yet)."""
-    from domain.catalog import published_view_id
-
-    return recorder.versions(conn, [published_view_id(*a) for a in audiences])

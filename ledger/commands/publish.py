@@ -16,7 +16,6 @@ from eventsourcing.domain import Aggregate
 from sqlalchemy.engine import Connection
 
 from domain.coordination import CommandRecord
-from ledger.commands import catalog_state as state
 from ledger.commands.catalog_state import LogHead
 from ledger.commands.publishing import (
     FullBuildDue,
@@ -127,9 +126,7 @@ class PublishHandler:
         )
         # Fenced on everything it decided on, by the snapshot's position: the catalog
         # lineage, every pack and every audience the parent or this revision binds.
-        unchanged = state.unchanged_since(
-            self.ledger.recorder, planned.position, planned.used, planned.audiences
-        )
+        unchanged = self.uow.read_fence(planned.position, planned.used, planned.audiences)
         if planned.keep is not None:  # the revision's fragments, kept in its own transaction
             unchanged = _then(unchanged, planned.keep)
         return StagedPublication(result, [*aggregates, record], versions, unchanged)

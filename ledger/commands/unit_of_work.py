@@ -4,15 +4,16 @@ writer lease's fence (R12) and exact retries (R10).
 ``checked_append`` runs the preflight half of the lifecycle matrix on every pack a
 command touches, builds the events, and appends them in one recorder transaction,
 fenced by the versions read and by the writer lease, with the terminal half re-run on
-the locked current state inside that transaction. The terminal check is a closure
-over what it needs (the commands, the epoch limit, a reader factory): it never calls
-back into a command object. Exact retries are read-only: a command id with the same
-request digest returns the recorded result (R10).
+the locked current state inside that transaction. The terminal check is a closure over
+what it needs (the commands, the epoch limit, a reader factory): it never calls back
+into a command object. A read fence (``unchanged_since``) refuses an append when
+anything read at a log position moved since. Exact retries are read-only: a command
+id with the same request digest returns the recorded result (R10).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 from uuid import UUID
 
@@ -23,12 +24,19 @@ from domain.canonical import canonical_bytes
 from domain.classifier import PackState
 from domain.digests import Purpose, digest, lp
 from domain.errors import Conflict, LifecycleRejected
+from domain.event_types import (
+    BINDING_TYPES,
+    LIFECYCLE_TYPES,
+    T_PUBLISHED,
+    T_VIEW_OPENED,
+    T_VIEW_PUBLISHED,
+)
 from domain.identity import CommandId, PackName
 from domain.lifecycle import MAX_EPOCH
 from domain.matrix import Command, Rejection, rejection
 from ledger.commands.results import CommandResult
 from ledger.commands.writer_lease import LeaseHandle, lease_lost, still_held
-from ledger.log.recorder import Precommit
+from ledger.log.recorder import LedgerRecorder, Precommit
 from ledger.store.runtime import Ledger, LogReader
 
 
@@ -85,6 +93,46 @@ def terminal_check(
         check_commands(commands, states, max_epoch=max_epoch)
 
     return terminal
+
+
+# -- read fences --------------------------------------------------------------------------
+
+#: What a read fence watches: lifecycle and binding events, the catalog lineage.
+FENCED_TYPES = frozenset(
+    {*LIFECYCLE_TYPES, *BINDING_TYPES, T_PUBLISHED, T_VIEW_OPENED, T_VIEW_PUBLISHED}
+)
+
+
+def unchanged_since(
+    recorder: LedgerRecorder,
+    position: int,
+    packs: Collection[str],
+    audiences: Collection[tuple[str, str]],
+) -> Precommit:
+    """A precommit refusing the append (``Conflict``) if, after ``position``, the catalog
+    lineage moved, any of ``packs`` had a lifecycle event (the authority it decided on) or
+    any of ``audiences`` a binding event (the bindings it validated or reused). Reads the
+    (usually no) events appended since, by position."""
+    wanted, who = set(packs), set(audiences)
+
+    def check(conn: Connection) -> None:
+        for event in recorder.decoded_after(conn, after=position, topics=FENCED_TYPES):
+            d = event.data
+            if event.type in LIFECYCLE_TYPES and d.get("pack") not in wanted:
+                continue
+            if (
+                event.type in BINDING_TYPES
+                and (d.get("audience_kind"), d.get("audience_id")) not in who
+            ):
+                continue
+            raise Conflict(
+                "state changed since it was read: the read fence moved",
+                read_at_position=position,
+                position=event.position,
+                event=event.type,
+            )
+
+    return check
 
 
 class UnitOfWork:
@@ -144,6 +192,13 @@ class UnitOfWork:
             if not still_held(self.ledger, handle):
                 raise lease_lost(self.ledger, handle, fenced=True) from None
             raise
+
+    def read_fence(
+        self, position: int, packs: Collection[str], audiences: Collection[tuple[str, str]]
+    ) -> Precommit:
+        """``unchanged_since`` on this store: refuse the append if what was read at
+        ``position`` moved (R11)."""
+        return unchanged_since(self.ledger.recorder, position, packs, audiences)
 
     # -- idempotency (R10) ---------------------------------------------------------------
 
