@@ -51,8 +51,8 @@ from typing import Any
 
 from bench.common import alternate, durability, summary
 from ledger.commands.service import CommandService
-from ledger.commands.sources import MAX_MANIFEST_BYTES, read_input_file
 from ledger.log.db import open_database
+from ledger.sources.files import MAX_MANIFEST_BYTES, read_input_file
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
 from tests.support.gitrepo import Repo

@@ -332,6 +332,8 @@ LIFECYCLE_TYPES = frozenset(
     for t in EVENT_TYPES
     if t.aggregate in (Generation, PackActivation, PackHistory, LocalPack, LegacyRecord)
 )
+#: An audience's binding events (its bindings change only through these).
+BINDING_TYPES = frozenset({T_GRANTED, T_REBOUND, T_REVOKED})
 #: Events the audit replays (lifecycle, leases, the catalog lineage, bindings, credentials).
 REPLAY_TYPES = frozenset(
     t.name

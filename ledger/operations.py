@@ -46,7 +46,7 @@ from ledger.store import contract, migrations
 from ledger.store.init import StoreInfo, init_store
 from ledger.store.init import ddl as store_ddl
 from ledger.store.runtime import Ledger
-from projections.queries import Removal, pack_status
+from projections.queries.status import Removal, pack_status
 from projections.reader import CatalogReader, parse_audience, parse_revision
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ def history(ledger: Ledger, subject: str | Audience) -> HistoryResult | Audience
 
 def pack_hash(manifest: Path, pack: str) -> PackHash:
     """The v1 and v0 payload hashes of ``pack``'s content as ``manifest`` resolves it."""
-    from ledger.commands.sources import load_manifest, resolve_packs
+    from ledger.sources.resolve import load_manifest, resolve_packs
 
     loaded = load_manifest(manifest)
     chosen = [p for p in loaded.packs if p.name == pack]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from projections.queries import PackStatus
+from projections.queries.status import PackStatus
 
 
 class InitResult(TypedDict):

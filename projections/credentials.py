@@ -29,7 +29,7 @@ from projections.framework import (
     ViewEvent,
     view_table,
 )
-from projections.queries import require_running
+from projections.queries.status import require_running
 
 CREDENTIAL = view_table(
     "_System_Credential",

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 def read_text(path: Path, field: str) -> str:
     """A small UTF-8 input file (keys, checkpoints, proofs), or INVALID naming ``field``."""
-    from ledger.commands.sources import read_input_file
+    from ledger.sources.files import read_input_file
 
     data = read_input_file(path, field=field, limit=1 << 20)
     try:

@@ -540,7 +540,7 @@ def _check_sources(generations: list[dict[str, Any]]) -> list[Problem]:
     """Re-read every official generation's content from git at its commit (R5, R9)."""
     from domain.identity import PackName
     from domain.manifest import ManifestPack, OfficialSource
-    from ledger.commands.sources import resolve_packs
+    from ledger.sources.resolve import resolve_packs
 
     problems = []
     for gen in generations:

@@ -34,16 +34,14 @@ from domain.matrix import (
     decide_removal,
     rejection,
 )
-from ledger.commands.core import WRITER_LEASE, LeaseHandle, LeaseLost
-from ledger.commands.leases import LeaseBusy, abandoned_attempts, preparing_in
+from ledger.commands.lease import LeaseHandler, abandoned_attempts, preparing_in
 from ledger.commands.publishing import (
-    CatalogSnapshot,
-    PublishCommand,
+    CatalogInForce,
     binding_aggregates,
     catalog_outcome,
     fence_ids,
     publication_summary,
-    read_snapshot,
+    read_catalog_in_force,
     revision_aggregates,
 )
 from ledger.commands.results import (
@@ -53,9 +51,12 @@ from ledger.commands.results import (
     PackOutcome,
     RecoveredAttempt,
 )
-from ledger.commands.sources import ResolvedPack, resolve_manifest
 from ledger.commands.steps import LifecycleSteps
+from ledger.commands.unit_of_work import UnitOfWork
+from ledger.commands.writer_lease import WRITER_LEASE, LeaseBusy, LeaseHandle, LeaseLost
 from ledger.observability import bind, get_logger, logged_command, phase, phased
+from ledger.sources.resolve import ResolvedPack, resolve_manifest
+from ledger.store.runtime import Ledger
 from publisher.catalog import CatalogInput, PackAuthority
 from publisher.planning import (
     BindingChange,
@@ -81,7 +82,7 @@ class Release:
     removed: list[PackOutcome] = field(default_factory=list)
 
 
-def _after_recovery(catalog: CatalogSnapshot, abandoned: set[str]) -> CatalogSnapshot:
+def _after_recovery(catalog: CatalogInForce, abandoned: set[str]) -> CatalogInForce:
     """The publisher's input once the next lease holder has recovered ``abandoned`` packs:
     their newest attempt is failed_dirty, which blocks publication (R12)."""
     packs = {p: replace(a, dirty=True) if p in abandoned else a for p, a in catalog.packs.items()}
@@ -113,8 +114,19 @@ class _Decided:
 log = get_logger("apply")
 
 
-class ApplyCommand(LifecycleSteps, PublishCommand):
-    """The ``apply`` command."""
+class ApplyHandler:
+    """The ``apply`` command, over its collaborators: the store it reads (``ledger``),
+    the unit of work it appends through (``uow``: checked append, fence, R10), the
+    writer lease (``lease``: holder, wait budget, clock, recovery) and the lifecycle
+    steps (``steps``: prepare, activate, fail)."""
+
+    def __init__(
+        self, ledger: Ledger, uow: UnitOfWork, lease: LeaseHandler, steps: LifecycleSteps
+    ) -> None:
+        self.ledger = ledger
+        self.uow = uow
+        self.lease = lease
+        self.steps = steps
 
     @logged_command(log, "apply", publication_summary)
     def apply(
@@ -154,8 +166,8 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         }
         # "remove" only when there is one: releases without it keep their digests (R10).
         removal = {"remove": list(manifest.remove)} if manifest.remove else {}
-        request_digest = self.request_digest({**request, **removal})
-        deadline = time.monotonic() + self.lease_wait
+        request_digest = self.uow.request_digest({**request, **removal})
+        deadline = time.monotonic() + self.lease.wait
         pause = 0.05
         lost = 0
         while True:
@@ -169,7 +181,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             if decided.busy is None:
                 try:
                     also = preparing_in(decided.states.values())
-                    with self.leased(wait=0, also=also) as handle:
+                    with self.lease.leased(wait=0, also=also) as handle:
                         return self._under_lease(
                             handle, decided, manifest, resolved, request_digest, publish
                         )
@@ -186,7 +198,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
                         if isinstance(exc, Conflict):
                             raise Conflict(
                                 f"lost the race for the log {lost} time(s) within the "
-                                f"--wait budget ({self.lease_wait:g} s): {exc.message}",
+                                f"--wait budget ({self.lease.wait:g} s): {exc.message}",
                                 **{**exc.details, "attempts": lost},
                             ) from exc
                         raise
@@ -211,13 +223,13 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
     ) -> ApplyResult | _Decided:
         """The preflight: a final result (exact retry, nothing to do) or what to run."""
         with self.ledger.snapshot() as reader:
-            cid = self._command_id(command_id, "apply", request_digest, reader)
+            cid = self.uow.command_id(command_id, "apply", request_digest, reader)
             bind(command_id=cid)
-            prior = self.recorded(reader, cid, "apply", request_digest)
+            prior = self.uow.recorded(reader, cid, "apply", request_digest)
             if prior is not None:
                 return cast(ApplyResult, {**prior, "replayed": True})
             states = reader.pack_states(_names(resolved, manifest))
-            catalog = read_snapshot(
+            catalog = read_catalog_in_force(
                 self.ledger, reader.conn, states=states, extra=_bound(manifest.bindings)
             )
             lease = reader.lease(WRITER_LEASE)
@@ -226,7 +238,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             abandoned = {pack for pack, _ in attempts}
         recovered_states = {p: after_recovery(s) for p, s in states.items()}
         plan = self._plan(resolved, recovered_states, manifest)
-        preview = self._release(
+        preview = simulate_release(
             resolved,
             plan,
             recovered_states,
@@ -236,13 +248,13 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             publish=publish,
         )
         if preview.noop:
-            return self._result(cid, resolved, plan, {}, preview, recovered=[], noop=True)
-        free = lease is None or lease.is_free(self._now_us())
+            return apply_result(cid, resolved, plan, {}, preview, recovered=[], noop=True)
+        free = lease is None or lease.is_free(self.lease.now_us())
         if abandoned and free:
             # This release will be the next lease holder: its recovery turns every
             # abandoned attempt into failed_dirty (R12), so judge the catalog it will
             # publish after that, before any append (R11).
-            self._release(
+            simulate_release(
                 resolved,
                 plan,
                 recovered_states,
@@ -252,7 +264,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
                 publish=publish,
             )
         busy = None
-        if not free and lease is not None and lease.holder != self.holder:
+        if not free and lease is not None and lease.holder != self.lease.holder:
             busy = LeaseBusy(
                 f"lease {lease.name!r} is held by {lease.holder!r} (epoch {lease.epoch})",
                 holder=lease.holder,
@@ -272,7 +284,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         """Prepare the candidates, then the one final append (R8), holding the lease."""
         cid = decided.cid
         with self.ledger.snapshot() as reader:
-            prior = self.recorded(reader, cid, "apply", request_digest)
+            prior = self.uow.recorded(reader, cid, "apply", request_digest)
             states = reader.pack_states(decided.states)
         if prior is not None:  # an identical copy finished between our read and our lease
             return cast(ApplyResult, {**prior, "replayed": True})
@@ -284,23 +296,27 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             if cmd is not None and decision in (Decision.INSTALL, Decision.ADVANCE)
         ]
         with phase("prepare", packs=len(to_prepare)):
-            candidates = self.prepare(handle, to_prepare) if to_prepare else {}
-        try:
-            return self._finish(
-                handle,
-                cid,
-                request_digest,
-                resolved,
-                plan,
-                candidates,
-                manifest.bindings,
-                publish=publish,
+            # Fenced on the states this plan was made from (no second read of them).
+            prepared = {p: states[p] for p in (PackName.trusted(r.name) for r, _ in to_prepare)}
+            candidates = (
+                self.steps.prepare(handle, to_prepare, states=prepared) if to_prepare else {}
             )
+        try:
+            with phase("final_append"):
+                return self._finish(
+                    handle,
+                    cid,
+                    request_digest,
+                    resolved,
+                    plan,
+                    candidates,
+                    manifest.bindings,
+                    publish=publish,
+                )
         except LedgerError as exc:
             self._abandon(handle, candidates, exc)
             raise
 
-    @phased("final_append")
     def _finish(
         self,
         handle: LeaseHandle,
@@ -316,8 +332,10 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         """The final append of a release: activations + bindings + revision + record."""
         with self.ledger.snapshot() as reader:
             states = reader.pack_states(_names(resolved, None, plan))
-            catalog = read_snapshot(self.ledger, reader.conn, states=states, extra=_bound(desired))
-            release = self._release(
+            catalog = read_catalog_in_force(
+                self.ledger, reader.conn, states=states, extra=_bound(desired)
+            )
+            release = simulate_release(
                 resolved, plan, states, catalog, desired, candidates=candidates, publish=publish
             )
             versions = self.ledger.recorder.versions(reader.conn, release.fence_ids)
@@ -331,13 +349,13 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
                 )
                 extra.extend(revision)
                 versions.update(read_at)
-        result = self._result(
+        result = apply_result(
             cid, resolved, plan, candidates, release, recovered=list(handle.recovered), noop=False
         )
         record = CommandRecord(
             command_id=cid, kind="apply", request_digest=request_digest, result=dict(result)
         )
-        self.activate(
+        self.steps.activate(
             handle,
             candidates,
             adoptions=[r for r in resolved if plan[r.name][0] is Decision.ADOPT],
@@ -349,76 +367,6 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
             states=states,
         )
         return result
-
-    def _release(
-        self,
-        resolved: Sequence[ResolvedPack],
-        plan: Mapping[str, tuple[Decision, Command | None]],
-        states: Mapping[PackName, PackState],
-        catalog: CatalogSnapshot,
-        desired: Sequence[BindingSpec] | None,
-        *,
-        candidates: Mapping[str, str] | None,
-        publish: bool,
-    ) -> Release:
-        """What the release will serve: simulated authorities, bindings, the revision.
-
-        With ``candidates=None`` (preflight) install ids are predicted exactly as
-        ``prepare`` will mint them; validation raises before anything is written.
-        """
-        packs = dict(catalog.packs)
-        for r in resolved:
-            decision, _ = plan[r.name]
-            state = states[PackName.trusted(r.name)]
-            revision = r.source.revision or ""
-            if decision in (Decision.INSTALL, Decision.ADVANCE):
-                install_id = (candidates or {}).get(r.name) or install_id_for(
-                    r.name, revision, r.content.payload_hash_v1, state.next_ordinal
-                )
-                epoch = state.activation.epoch + 1 if state.activation else 1
-                packs[r.name] = content_authority(r.name, install_id, revision, epoch, r.content)
-            elif decision is Decision.ADOPT:
-                assert state.legacy is not None
-                packs[r.name] = content_authority(
-                    r.name, state.legacy.install_id, revision, 1, r.content
-                )
-            elif decision is Decision.LOCAL_UPDATE:
-                packs[r.name] = PackAuthority(pack=r.name, source_kind="local_path")
-        removals = _removals(plan)
-        removed = [_removal_outcome(states[p]) for p in removals]
-        for pack in removals:  # R7: nothing of a removed pack is served after the release
-            packs.pop(pack, None)
-        check_removals(catalog.bindings, desired, {p: i for i, p in enumerate(removals)})
-        check_binding_credentials(desired, packs)
-        rows, changes = plan_bindings(catalog.bindings, desired, packs)
-        # A pack left failed_dirty by an abandoned attempt blocks publication (R12),
-        # but not a release that does not bind it anew: that release applies and
-        # says what still blocks publication.
-        publication = plan_publication(
-            CatalogInput(rows, packs),
-            catalog.parent,
-            None,
-            defer_if_dirty=[c.row for c in changes if c.op != "revoke"],
-        )
-        if not publish:
-            publication = PublishPlan(
-                publication.built, publication.parent, None, publication.blocked
-            )
-        used = {row.pack for row in rows} | set(catalog.parent.activations)
-        audiences = (
-            {row.audience for row in rows}
-            | {c.row.audience for c in changes}
-            | set(catalog.parent.audiences)
-        )
-        unchanged = all(decision is Decision.UNCHANGED for decision, _ in plan.values())
-        return Release(
-            changes=changes,
-            publication=publication,
-            fence_ids=fence_ids(catalog.newest, used, audiences),
-            noop=unchanged and not changes and not publication.changed,
-            authorities=packs,
-            removed=removed,
-        )
 
     def _plan(
         self,
@@ -437,7 +385,7 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         for index, pack in enumerate(manifest.remove):  # after packs: R7, `remove[i]`
             plan[pack] = removal = decide_removal(states[pack], index, file=manifest.file)
             commands[pack] = removal[1]
-        self._check(commands, states)
+        self.uow.check(commands, states)
         return plan
 
     def _abandon(
@@ -447,60 +395,13 @@ class ApplyCommand(LifecycleSteps, PublishCommand):
         for pack, install_id in candidates.items():
             # If this fails too, the next lease holder recovers it as failed_dirty.
             with suppress(LedgerError):
-                self.fail(
+                self.steps.fail(
                     handle,
                     pack,
                     install_id,
                     dirty=False,
                     reason=f"activation refused: {cause.code}: {cause.message}"[:500],
                 )
-
-    @staticmethod
-    def _result(
-        cid: str,
-        resolved: Sequence[ResolvedPack],
-        plan: Mapping[str, tuple[Decision, Command | None]],
-        candidates: Mapping[str, str],
-        release: Release,
-        *,
-        recovered: list[RecoveredAttempt],
-        noop: bool,
-    ) -> ApplyResult:
-        packs: list[PackOutcome] = []
-        for r in resolved:
-            decision = plan[r.name][0]
-            authority = release.authorities.get(r.name)
-            moved = decision in (Decision.INSTALL, Decision.ADVANCE, Decision.ADOPT)
-            epoch = authority.epoch if authority is not None and moved else None
-            packs.append(
-                {
-                    "pack": r.name,
-                    "decision": decision.value,
-                    "source_kind": r.source.kind.value,
-                    "revision": r.source.revision,
-                    "payload_hash": r.content.payload_hash_v1,
-                    "install_id": candidates.get(r.name),
-                    "epoch": epoch,
-                }
-            )
-        packs.extend(release.removed)
-        bindings: BindingChanges = {"granted": [], "rebound": [], "revoked": []}
-        names: dict[str, Literal["granted", "rebound", "revoked"]] = {
-            "grant": "granted",
-            "rebind": "rebound",
-            "revoke": "revoked",
-        }
-        for change in release.changes:
-            bindings[names[change.op]].append(cast(BindingOutcome, change.to_json()))
-        return {
-            "command_id": cid,
-            "noop": noop,
-            "replayed": False,
-            "packs": packs,
-            "bindings": bindings,
-            "catalog": catalog_outcome(release.publication),
-            "recovered": recovered,
-        }
 
 
 def _names(
@@ -549,4 +450,119 @@ def _removal_outcome(state: PackState) -> PackOutcome:
         "payload_hash": activation.payload_hash,
         "install_id": activation.install_id,
         "epoch": activation.epoch + 1,
+    }
+
+
+def simulate_release(
+    resolved: Sequence[ResolvedPack],
+    plan: Mapping[str, tuple[Decision, Command | None]],
+    states: Mapping[PackName, PackState],
+    catalog: CatalogInForce,
+    desired: Sequence[BindingSpec] | None,
+    *,
+    candidates: Mapping[str, str] | None,
+    publish: bool,
+) -> Release:
+    """What the release will serve: simulated authorities, bindings, the revision.
+
+    With ``candidates=None`` (preflight) install ids are predicted exactly as
+    ``prepare`` will mint them; validation raises before anything is written.
+    """
+    packs = dict(catalog.packs)
+    for r in resolved:
+        decision, _ = plan[r.name]
+        state = states[PackName.trusted(r.name)]
+        revision = r.source.revision or ""
+        if decision in (Decision.INSTALL, Decision.ADVANCE):
+            install_id = (candidates or {}).get(r.name) or install_id_for(
+                r.name, revision, r.content.payload_hash_v1, state.next_ordinal
+            )
+            epoch = state.activation.epoch + 1 if state.activation else 1
+            packs[r.name] = content_authority(r.name, install_id, revision, epoch, r.content)
+        elif decision is Decision.ADOPT:
+            assert state.legacy is not None
+            packs[r.name] = content_authority(
+                r.name, state.legacy.install_id, revision, 1, r.content
+            )
+        elif decision is Decision.LOCAL_UPDATE:
+            packs[r.name] = PackAuthority(pack=r.name, source_kind="local_path")
+    removals = _removals(plan)
+    removed = [_removal_outcome(states[p]) for p in removals]
+    for pack in removals:  # R7: nothing of a removed pack is served after the release
+        packs.pop(pack, None)
+    check_removals(catalog.bindings, desired, {p: i for i, p in enumerate(removals)})
+    check_binding_credentials(desired, packs)
+    rows, changes = plan_bindings(catalog.bindings, desired, packs)
+    # A pack left failed_dirty by an abandoned attempt blocks publication (R12),
+    # but not a release that does not bind it anew: that release applies and
+    # says what still blocks publication.
+    publication = plan_publication(
+        CatalogInput(rows, packs),
+        catalog.parent,
+        None,
+        defer_if_dirty=[c.row for c in changes if c.op != "revoke"],
+    )
+    if not publish:
+        publication = PublishPlan(publication.built, publication.parent, None, publication.blocked)
+    used = {row.pack for row in rows} | set(catalog.parent.activations)
+    audiences = (
+        {row.audience for row in rows}
+        | {c.row.audience for c in changes}
+        | set(catalog.parent.audiences)
+    )
+    unchanged = all(decision is Decision.UNCHANGED for decision, _ in plan.values())
+    return Release(
+        changes=changes,
+        publication=publication,
+        fence_ids=fence_ids(catalog.newest, used, audiences),
+        noop=unchanged and not changes and not publication.changed,
+        authorities=packs,
+        removed=removed,
+    )
+
+
+def apply_result(
+    cid: str,
+    resolved: Sequence[ResolvedPack],
+    plan: Mapping[str, tuple[Decision, Command | None]],
+    candidates: Mapping[str, str],
+    release: Release,
+    *,
+    recovered: list[RecoveredAttempt],
+    noop: bool,
+) -> ApplyResult:
+    packs: list[PackOutcome] = []
+    for r in resolved:
+        decision = plan[r.name][0]
+        authority = release.authorities.get(r.name)
+        moved = decision in (Decision.INSTALL, Decision.ADVANCE, Decision.ADOPT)
+        epoch = authority.epoch if authority is not None and moved else None
+        packs.append(
+            {
+                "pack": r.name,
+                "decision": decision.value,
+                "source_kind": r.source.kind.value,
+                "revision": r.source.revision,
+                "payload_hash": r.content.payload_hash_v1,
+                "install_id": candidates.get(r.name),
+                "epoch": epoch,
+            }
+        )
+    packs.extend(release.removed)
+    bindings: BindingChanges = {"granted": [], "rebound": [], "revoked": []}
+    names: dict[str, Literal["granted", "rebound", "revoked"]] = {
+        "grant": "granted",
+        "rebind": "rebound",
+        "revoke": "revoked",
+    }
+    for change in release.changes:
+        bindings[names[change.op]].append(cast(BindingOutcome, change.to_json()))
+    return {
+        "command_id": cid,
+        "noop": noop,
+        "replayed": False,
+        "packs": packs,
+        "bindings": bindings,
+        "catalog": catalog_outcome(release.publication),
+        "recovered": recovered,
     }

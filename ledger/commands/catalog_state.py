@@ -15,7 +15,9 @@ A view is a cache of the log. The command side decides only on:
   no lifecycle event since, the parent's activation entry with the components of that
   generation's own ``generation.prepared`` event.
 
-No binding, activation, generation or component view row is read here.
+No binding, activation, generation or component view row is read here: the catalog
+views' rows in force and the audience map's nodes come from the read model
+(``projections.queries.publication``) and are checked against the log before use.
 """
 
 from __future__ import annotations
@@ -24,19 +26,12 @@ import bisect
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from uuid import UUID
 
 import orjson
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from domain.audience_map import (
-    Fetch,
-    Node,
-    Position,
     key_of,
-    leaf_hash,
-    position_of,
     root_of,
     update,
 )
@@ -49,32 +44,24 @@ from domain.classifier import (
     PackState,
     classify,
 )
-from domain.errors import Conflict, IntegrityFailure
+from domain.errors import IntegrityFailure
 from domain.event_types import (
+    BINDING_TYPES,
     LIFECYCLE_TYPES,
-    T_GRANTED,
     T_PREPARED,
     T_PUBLISHED,
-    T_REBOUND,
     T_REVOKED,
-    T_VIEW_OPENED,
-    T_VIEW_PUBLISHED,
     Decoded,
 )
 from domain.identity import PackName
 from domain.lifecycle import generation_id
-from ledger.log.db import stream_rows
-from ledger.log.recorder import LedgerRecorder, Precommit
-from ledger.log.sqltypes import dec
+from ledger.log.recorder import LedgerRecorder
 from ledger.observability import get_logger
 from ledger.store import kept_fragments
 from ledger.store.runtime import Repository
 from projections import checks
-from projections.audience_map import AUDIENCE_MAP, AudienceMapView
-from projections.catalog_views import CATALOG_ACTIVATION, CATALOG_GRANT, OPEN, CatalogView
-from projections.framework import load_states
-from projections.lifecycle_views import PACK_COMPONENT, PackComponentView
-from projections.queries import require_running
+from projections.catalog_views import CATALOG_ACTIVATION, CATALOG_GRANT
+from projections.queries.publication import BadNode, map_fetch, open_catalog_rows
 from publisher.catalog import (
     Audience,
     BindingRow,
@@ -92,8 +79,6 @@ from publisher.fragments import (
 )
 
 log = get_logger("publish")
-
-BINDING_TYPES = frozenset({T_GRANTED, T_REBOUND, T_REVOKED})
 
 
 def _integrity(event: Decoded, problem: str) -> IntegrityFailure:
@@ -253,105 +238,16 @@ def parent_fragments(conn: Connection, head: LogHead | None) -> tuple[Fragments,
 def fragments_from_views(conn: Connection, revision: int) -> Fragments:
     """The revision in force cut into fragments, from the catalog views' open rows (and
     the bound components' fact digests). Not trusted: the caller checks the digest."""
-    v = require_running(conn, CatalogView.name, PackComponentView.name)
-    ca, cg, comp = CATALOG_ACTIVATION.physical, CATALOG_GRANT.physical, PACK_COMPONENT.physical
+    rows = open_catalog_rows(conn)
     out = Fragments(revision, "")
     activations, facts, grants = out.sections
-    try:
-        for rows in stream_rows(
-            conn,
-            sa.select(ca.c.pack, ca.c.install_id, ca.c.revision, ca.c.epoch, ca.c.payload_hash)
-            .where(ca.c.view_version == v[CatalogView.name], ca.c.to_revision == OPEN)
-            .order_by(ca.c.pack),
-        ):
-            for pack, install_id, rev, epoch, payload_hash in rows:
-                activations[(bytes(pack), b"")] = encoded(
-                    [[dec(pack), dec(install_id), dec(rev), int(epoch), dec(payload_hash)]]
-                )
-        bound = (
-            sa.select(cg.c.pack, cg.c.install_id, cg.c.kind, cg.c.key)
-            .where(cg.c.view_version == v[CatalogView.name], cg.c.to_revision == OPEN)
-            .distinct()
-            .subquery("bound")
-        )
-        by_pack: dict[bytes, list[list[Any]]] = {}
-        for rows in stream_rows(
-            conn,
-            sa.select(
-                bound.c.pack, bound.c.install_id, bound.c.kind, bound.c.key, comp.c.fact_digest
-            )
-            .select_from(
-                bound.outerjoin(
-                    comp,
-                    sa.and_(
-                        comp.c.view_version == v[PackComponentView.name],
-                        comp.c.pack == bound.c.pack,
-                        comp.c.install_id == bound.c.install_id,
-                        comp.c.kind == bound.c.kind,
-                        comp.c.key == bound.c.key,
-                    ),
-                )
-            )
-            .order_by(bound.c.pack, bound.c.install_id, bound.c.kind, bound.c.key),
-        ):
-            for pack, install_id, kind, key, fact_digest in rows:
-                by_pack.setdefault(bytes(pack), []).append(
-                    [dec(pack), dec(install_id), dec(kind), dec(key), _hex(fact_digest)]
-                )
-        for pack, entries in by_pack.items():
-            facts[(pack, b"")] = encoded(entries)
-        by_audience: dict[tuple[bytes, bytes], list[list[Any]]] = {}
-        for rows in stream_rows(
-            conn,
-            sa.select(
-                cg.c.audience_kind,
-                cg.c.audience_id,
-                cg.c.pack,
-                cg.c.kind,
-                cg.c.key,
-                cg.c.credential_set,
-                cg.c.install_id,
-            )
-            .where(cg.c.view_version == v[CatalogView.name], cg.c.to_revision == OPEN)
-            .order_by(
-                cg.c.audience_kind,
-                cg.c.audience_id,
-                cg.c.pack,
-                cg.c.kind,
-                cg.c.key,
-                cg.c.credential_set,
-            ),
-        ):
-            for kind, ident, pack, ckind, key, cred, install_id in rows:
-                by_audience.setdefault((bytes(kind), bytes(ident)), []).append(
-                    [
-                        dec(kind),
-                        dec(ident),
-                        dec(pack),
-                        dec(ckind),
-                        dec(key),
-                        dec(cred) or None,
-                        dec(install_id),
-                    ]
-                )
-        for unit, entries in by_audience.items():
-            grants[unit] = encoded(entries)
-    except (TypeError, ValueError) as exc:
-        raise IntegrityFailure(
-            "a catalog view cell is not of its declared type: a view row was edited "
-            f"({type(exc).__name__}: {exc})",
-            rule="R28",
-            tables=[CATALOG_ACTIVATION.physical.name, CATALOG_GRANT.physical.name],
-        ) from None
+    for pack, entry in rows.activations.items():
+        activations[(pack, b"")] = encoded([entry])
+    for pack, entries in rows.facts.items():
+        facts[(pack, b"")] = encoded(entries)
+    for unit, entries in rows.grants.items():
+        grants[unit] = encoded(entries)
     return out
-
-
-def _hex(value: object) -> str | None:
-    if value is None:
-        return None  # a bound component without its row: the digest check refuses it
-    if not isinstance(value, bytes | bytearray | memoryview):
-        raise TypeError(f"fact_digest is {type(value).__name__}")
-    return bytes(value).hex()
 
 
 @dataclass
@@ -540,60 +436,6 @@ def log_authorities(
 # -- the audience map -------------------------------------------------------------------------
 
 
-def map_fetch(conn: Connection) -> Fetch | None:
-    """Reads the audience map view's live nodes, or ``None`` when the view is missing,
-    stopped or built by other code (the caller then computes the map afresh)."""
-    state = load_states(conn).get(AudienceMapView.name)
-    if state is None or state.stopped or state.code_version != AudienceMapView.version:
-        return None
-    t = AUDIENCE_MAP.physical
-    version = state.live_version
-
-    def fetch(positions: Collection[Position]) -> Mapping[Position, Node]:
-        out: dict[Position, Node] = {}
-        wanted = sorted(positions)
-        for start in range(0, len(wanted), 400):
-            chunk = wanted[start : start + 400]
-            query = sa.select(t.c.depth, t.c.prefix, t.c.hash, t.c.leaf_key, t.c.leaf_value).where(
-                t.c.view_version == version,
-                sa.tuple_(t.c.depth, t.c.prefix).in_(chunk),
-            )
-            for depth, prefix, digest, key, value in conn.execute(query):
-                place, node = _stored_node(depth, prefix, digest, key, value)
-                out[place] = node
-        return out
-
-    return fetch
-
-
-class _BadNode(ValueError):
-    """A stored map node that is not a node of any map (the view was edited)."""
-
-
-def _stored_node(
-    depth: object, prefix: object, digest: object, key: object, value: object
-) -> tuple[Position, Node]:
-    """A stored node, checked for what a root check cannot see: a leaf's hash is the
-    hash of its own key and value, and sits on its key's path; an inner node has
-    neither. Anything else is ``_BadNode`` (the map is then made afresh)."""
-    if type(depth) is not int or not all(type(v) is bytes for v in (prefix, digest)):
-        raise _BadNode("a node cell is not of the declared type")
-    assert isinstance(prefix, bytes) and isinstance(digest, bytes)
-    place = (depth, prefix)
-    if len(digest) != 32 or not 0 <= depth <= 256:
-        raise _BadNode(f"node {place} is malformed")
-    if key is None and value is None:
-        return place, Node(digest)
-    if not (type(key) is bytes and type(value) is bytes and len(key) == len(value) == 32):
-        raise _BadNode(f"leaf {place} is malformed")
-    assert isinstance(key, bytes) and isinstance(value, bytes)
-    if checks.on(checks.MAP) and (
-        leaf_hash(key, value) != digest or position_of(key, depth) != place
-    ):
-        raise _BadNode(f"leaf {place} does not hash its own key and value")
-    return place, Node(digest, key, value)
-
-
 def audiences_root(
     conn: Connection,
     head: LogHead | None,
@@ -618,7 +460,7 @@ def audiences_root(
                     or update(fetch, old).root.hex() == head.audiences_root
                 ):
                     return update(fetch, new).root.hex()
-            except _BadNode:
+            except BadNode:
                 pass
             log.warning(
                 "the audience map view does not reproduce the parent revision's root; "
@@ -630,51 +472,3 @@ def audiences_root(
 
 def _raw(digest: str | None) -> bytes | None:
     return None if digest is None else bytes.fromhex(digest)
-
-
-# -- fencing what was read ---------------------------------------------------------------------
-
-FENCED_TYPES = frozenset(
-    {*LIFECYCLE_TYPES, *BINDING_TYPES, T_PUBLISHED, T_VIEW_OPENED, T_VIEW_PUBLISHED}
-)
-
-
-def unchanged_since(
-    recorder: LedgerRecorder,
-    position: int,
-    packs: Collection[str],
-    audiences: Collection[Audience],
-) -> Precommit:
-    """A precommit refusing the append (``Conflict``) if, after ``position``, the catalog
-    lineage moved, any of ``packs`` had a lifecycle event (the authority it decided on) or
-    any of ``audiences`` a binding event (the bindings it validated or reused). Reads the
-    (usually no) events appended since, by position."""
-    wanted, who = set(packs), set(audiences)
-
-    def check(conn: Connection) -> None:
-        for event in recorder.decoded_after(conn, after=position, topics=FENCED_TYPES):
-            d = event.data
-            if event.type in LIFECYCLE_TYPES and d.get("pack") not in wanted:
-                continue
-            if (
-                event.type in BINDING_TYPES
-                and (d.get("audience_kind"), d.get("audience_id")) not in who
-            ):
-                continue
-            raise Conflict(
-                "state changed since it was read: the read fence moved",
-                read_at_position=position,
-                position=event.position,
-                event=event.type,
-            )
-
-    return check
-
-
-def published_versions(
-    recorder: LedgerRecorder, conn: Connection, audiences: Iterable[Audience]
-) -> dict[UUID, int]:
-    """The log versions of the audiences' ``PublishedView`` aggregates (0: none yet)."""
-    from domain.catalog import published_view_id
-
-    return recorder.versions(conn, [published_view_id(*a) for a in audiences])

@@ -18,6 +18,7 @@ read time against the reader's clock.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import TypedDict
 
 from domain.credentials import (
@@ -33,11 +34,11 @@ from domain.credentials import (
 )
 from domain.errors import Conflict, Missing
 from domain.identity import Audience
-from ledger.commands.core import ServiceCore
 from ledger.observability import get_logger, logged_command
 from ledger.store import credential_log
+from ledger.store.runtime import Ledger
 from projections.credentials import CredentialRow, CredentialView, credential_rows
-from projections.queries import require_running
+from projections.queries.status import require_running
 
 log = get_logger("credentials")
 
@@ -107,8 +108,15 @@ def _row_info(row: CredentialRow, now_us: int) -> CredentialInfo:
     )
 
 
-class CredentialCommands(ServiceCore):
-    """Issuing, revoking and listing audience credentials."""
+class CredentialHandler:
+    """Issuing, revoking and listing audience credentials, with times from ``clock``."""
+
+    def __init__(self, ledger: Ledger, *, clock: Callable[[], float]) -> None:
+        self.ledger = ledger
+        self.clock = clock
+
+    def _now_us(self) -> int:
+        return int(self.clock() * 1_000_000)
 
     # The final log record names the credential, never its token (R26).
     @logged_command(

@@ -11,16 +11,23 @@ from domain.identity import PackName
 from domain.manifest import parse_legacy_records
 from domain.matrix import Command, ImportLegacy
 from domain.records import LegacyRecord
-from ledger.commands.leases import LeaseCommands
+from ledger.commands.lease import LeaseHandler
 from ledger.commands.results import ImportLegacyResult
-from ledger.commands.sources import read_input_file
+from ledger.commands.unit_of_work import UnitOfWork
 from ledger.observability import bind, get_logger, logged_command
+from ledger.sources.files import read_input_file
+from ledger.store.runtime import Ledger
 
 log = get_logger("import_legacy")
 
 
-class ImportLegacyCommand(LeaseCommands):
-    """The ``import-legacy`` command."""
+class ImportLegacyHandler:
+    """The ``import-legacy`` command: one checked append through ``uow`` under ``lease``."""
+
+    def __init__(self, ledger: Ledger, uow: UnitOfWork, lease: LeaseHandler) -> None:
+        self.ledger = ledger
+        self.uow = uow
+        self.lease = lease
 
     @logged_command(log, "import-legacy", lambda r: {"imported": len(r["imported"])})
     def import_legacy(self, path: Path, *, command_id: str | None = None) -> ImportLegacyResult:
@@ -28,11 +35,11 @@ class ImportLegacyCommand(LeaseCommands):
         data = read_input_file(path, field="file")
         records = parse_legacy_records(parse_json(data, source=str(path)), file=str(path))
         request = {"kind": "import-legacy", "records": records}
-        request_digest = self.request_digest(request)
+        request_digest = self.uow.request_digest(request)
         with self.ledger.snapshot() as reader:
-            cid = self._command_id(command_id, "import-legacy", request_digest, reader)
+            cid = self.uow.command_id(command_id, "import-legacy", request_digest, reader)
             bind(command_id=cid)
-            prior = self.recorded(reader, cid, "import-legacy", request_digest)
+            prior = self.uow.recorded(reader, cid, "import-legacy", request_digest)
             if prior is not None:
                 return cast(ImportLegacyResult, {**prior, "replayed": True})
             states = {
@@ -42,7 +49,7 @@ class ImportLegacyCommand(LeaseCommands):
         commands: dict[PackName, Command] = {
             PackName.trusted(r["pack"]): ImportLegacy(r) for r in records
         }
-        self._check(commands, states)
+        self.uow.check(commands, states)
         new = [r for r in records if states[PackName.trusted(r["pack"])].legacy is None]
         result: ImportLegacyResult = {
             "command_id": cid,
@@ -59,8 +66,8 @@ class ImportLegacyCommand(LeaseCommands):
         new_commands = {
             PackName.trusted(r["pack"]): commands[PackName.trusted(r["pack"])] for r in new
         }
-        with self.leased() as handle:
-            self.checked_append(
+        with self.lease.leased() as handle:
+            self.uow.checked_append(
                 handle,
                 new_commands,
                 lambda _states: [LegacyRecord(**r) for r in new],

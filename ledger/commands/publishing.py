@@ -16,7 +16,7 @@ bindings changed since the parent's cut, or that bind a pack with a lifecycle ev
 since, are re-read and validated completely (``read_from_fragments``); every other
 audience keeps the parent's validation and digest, and the content digest is computed
 from the parent's fragments, re-encoding only the affected audiences and the packs they
-bind or bound. Any rejection falls back to the full build (``read_snapshot``), so errors
+bind or bound. Any rejection falls back to the full build (``read_catalog_in_force``), so errors
 are exactly the full build's.
 """
 
@@ -40,16 +40,12 @@ from domain.catalog import (
     published_view_id,
 )
 from domain.classifier import PackState
-from domain.coordination import CommandRecord
 from domain.identity import PackName
 from domain.lifecycle import activation_id, generation_id, history_id
 from ledger.commands import catalog_state as state
 from ledger.commands.catalog_state import LogHead, ParentContent
-from ledger.commands.core import ServiceCore
-from ledger.commands.results import CatalogCounts, CatalogOutcome, PublishResult
-from ledger.log.recorder import Precommit
-from ledger.observability import bind, get_logger, logged_command
-from ledger.store import kept_fragments
+from ledger.commands.results import CatalogCounts, CatalogOutcome
+from ledger.observability import get_logger
 from ledger.store.runtime import Ledger, Repository
 from projections.catalog_views import AudienceBindingView, CatalogView
 from projections.lifecycle_views import (
@@ -58,7 +54,7 @@ from projections.lifecycle_views import (
     PackComponentView,
     PackGenerationView,
 )
-from projections.queries import require_running
+from projections.queries.status import require_running
 from publisher.catalog import (
     Audience,
     BindingRow,
@@ -70,15 +66,16 @@ from publisher.catalog import (
     validate,
 )
 from publisher.fragments import GRANTS, NextRevision, next_revision
-from publisher.planning import BindingChange, PublishPlan, plan_built, plan_publication
+from publisher.planning import BindingChange, PublishPlan
 
 #: Above this share of the parent's audiences changed, a full build is cheaper.
 INCREMENTAL_LIMIT = 0.25
 
 
 @dataclass
-class CatalogSnapshot:
-    """The publisher's complete input as of one log position, anchored in the log."""
+class CatalogInForce:
+    """The catalog in force as of one log position, anchored in the log: the bindings,
+    every pack's authority and the parent revision (the publisher's complete input)."""
 
     position: int
     bindings: list[BindingRow]
@@ -105,13 +102,13 @@ MAINTAINED = (
 )
 
 
-def read_snapshot(
+def read_catalog_in_force(
     ledger: Ledger,
     conn: Connection,
     *,
     states: Mapping[PackName, PackState] | None = None,
     extra: Iterable[str] = (),
-) -> CatalogSnapshot:
+) -> CatalogInForce:
     """Every input of a full publication, in the caller's (one) read transaction: the
     bindings in force (the parent's grants and the binding events since its cut), the
     authority of every pack they, the parent or ``extra`` name (``states`` already read
@@ -129,7 +126,7 @@ def read_snapshot(
     bindings = [now[k] for k in sorted(now)]
     wanted = {b.pack for b in bindings} | parent.packs() | set(extra)
     packs, newest = state.log_authorities(ledger.repository(conn), wanted, states)
-    return CatalogSnapshot(position, bindings, packs, _parent_state(head, parent), newest, head)
+    return CatalogInForce(position, bindings, packs, _parent_state(head, parent), newest, head)
 
 
 def _parent_state(
@@ -160,7 +157,7 @@ def _parent_state(
 
 
 @dataclass
-class FragmentSnapshot:
+class IncrementalRevision:
     """An incremental publication built from the parent's verified fragments: the parent
     as far as the revision event's delta needs it, the next revision, what it used."""
 
@@ -189,7 +186,7 @@ class FullBuildDue(Exception):
     """An incremental publication gives way to the full build (which names problems)."""
 
 
-def read_from_fragments(ledger: Ledger, conn: Connection) -> FragmentSnapshot | None:
+def read_from_fragments(ledger: Ledger, conn: Connection) -> IncrementalRevision | None:
     """The next revision from the parent's content, or ``None`` when there is no parent
     revision to build on.
 
@@ -260,7 +257,7 @@ def read_from_fragments(ledger: Ledger, conn: Connection) -> FragmentSnapshot | 
         audience_digests=following.audience_digests,
         totals=following.fragments.counts(),
     )
-    return FragmentSnapshot(
+    return IncrementalRevision(
         position,
         _parent_state(head, parent, touched & parent_packs, affected),
         built,
@@ -345,29 +342,7 @@ def positioned_catalog(reader: Repository, parent: ParentState, version: int) ->
     )
 
 
-@dataclass(frozen=True)
-class StagedPublication:
-    """A validated revision built in memory, not yet appended.
-
-    ``fence`` holds the catalog lineage's version; ``unchanged`` refuses the append if
-    any other aggregate the revision was built from moved after the snapshot.
-    """
-
-    result: PublishResult
-    aggregates: list[Aggregate]
-    fence: dict[UUID, int]
-    unchanged: Precommit
-
-
 log = get_logger("publish")
-
-
-def _then(first: Precommit, second: Precommit) -> Precommit:
-    def both(conn: Connection) -> None:
-        first(conn)
-        second(conn)
-
-    return both
 
 
 def publication_summary(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -466,108 +441,3 @@ def revision_aggregates(
     lineage = positioned_catalog(reader, plan.parent, versions[catalog_id()])
     lineage.publish(**event, audiences_root=root)
     return [*views, lineage], versions
-
-
-@dataclass(frozen=True)
-class _Planned:
-    """A publication plan and what its append needs: the parent as the log committed it,
-    every audience's digest after it, the packs it relied on, what keeps its fragments."""
-
-    plan: PublishPlan
-    position: int
-    head: LogHead | None
-    everything: Callable[[], Mapping[Audience, str]]
-    used: set[str]
-    audiences: set[Audience]
-    keep: Precommit | None
-
-
-class PublishCommand(ServiceCore):
-    """The ``publish`` command: validate every audience, append one revision (R16).
-
-    ``incremental`` (default) reuses the parent revision's validation and digests
-    of the audiences whose inputs did not change (``read_from_fragments``); ``False``
-    always rebuilds the whole revision. Both publish identical revisions.
-    """
-
-    incremental: bool = True
-
-    @logged_command(log, "publish", publication_summary)
-    def publish(self, *, command_id: str | None = None) -> PublishResult:
-        """Validate every audience and append one revision, or nothing if unchanged (R16)."""
-        staged = self.stage_publication(command_id=command_id)
-        if isinstance(staged, StagedPublication):
-            return self.commit_publication(staged)
-        return staged
-
-    def stage_publication(
-        self, *, command_id: str | None = None
-    ) -> PublishResult | StagedPublication:
-        """Read, build and validate the whole revision in memory (no write).
-
-        Returns the final result when there is nothing to append (exact retry or
-        unchanged content), else the staged revision for ``commit_publication``.
-        """
-        request_digest = self.request_digest({"kind": "publish"})
-        with self.ledger.snapshot() as reader:
-            cid = self._command_id(command_id, "publish", request_digest, reader)
-            bind(command_id=cid)
-            prior = self.recorded(reader, cid, "publish", request_digest)
-            if prior is not None:
-                return cast(PublishResult, {**prior, "replayed": True})
-            planned = self._plan_publication(reader.conn)
-            publication = planned.plan
-            result: PublishResult = {
-                "command_id": cid,
-                "noop": publication.event is None,
-                "replayed": False,
-                **catalog_outcome(publication),
-            }
-            if publication.event is None:
-                return result
-            aggregates, versions = revision_aggregates(
-                reader, planned.head, publication, planned.everything
-            )
-        record = CommandRecord(
-            command_id=cid, kind="publish", request_digest=request_digest, result=dict(result)
-        )
-        # Fenced on everything it decided on, by the snapshot's position: the catalog
-        # lineage, every pack and every audience the parent or this revision binds.
-        unchanged = state.unchanged_since(
-            self.ledger.recorder, planned.position, planned.used, planned.audiences
-        )
-        if planned.keep is not None:  # the revision's fragments, kept in its own transaction
-            unchanged = _then(unchanged, planned.keep)
-        return StagedPublication(result, [*aggregates, record], versions, unchanged)
-
-    def _plan_publication(self, conn: Connection) -> _Planned:
-        """The publication plan, incremental when the parent revision can be reused."""
-        if self.incremental:
-            try:
-                snap = read_from_fragments(self.ledger, conn)
-            except (PublicationRejected, FullBuildDue):
-                snap = None  # the full build below names every problem, as it always has
-            if snap is not None:
-                plan = plan_built(snap.built, snap.parent, snap.position)
-                keep = None
-                if plan.event is not None:
-                    changes = snap.next.changes if snap.content.kept else None
-                    keep = kept_fragments.writer(snap.next.fragments, changes)
-                audiences = snap.content.audiences() | snap.affected
-                return _Planned(
-                    plan, snap.position, snap.head, snap.everything, snap.used, audiences, keep
-                )
-        catalog = read_snapshot(self.ledger, conn)
-        plan = plan_publication(catalog.input(), catalog.parent, catalog.position, keep_rows=False)
-        used = {row.pack for row in catalog.bindings} | set(catalog.parent.activations)
-        audiences = {row.audience for row in catalog.bindings} | set(catalog.parent.audiences)
-        built = plan.built
-        digests: Mapping[Audience, str] = built.audience_digests if built is not None else {}
-        return _Planned(
-            plan, catalog.position, catalog.head, lambda: digests, used, audiences, None
-        )
-
-    def commit_publication(self, staged: StagedPublication) -> PublishResult:
-        """Append the staged revision as one append, fenced on everything it read."""
-        self.ledger.app.save(*staged.aggregates, fence=staged.fence, precommit=staged.unchanged)
-        return staged.result

@@ -1,5 +1,6 @@
 """Single lifecycle steps: prepare candidates, activate them atomically, fail them (R6-R9);
-removal (R7) is part of the one final append."""
+removal (R7) is part of the one final append. Each step is one checked append through
+the unit of work, and can be built and run alone (``LifecycleSteps(UnitOfWork(ledger))``)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,38 @@ from eventsourcing.domain import Aggregate
 from domain.classifier import PackState
 from domain.coordination import CommandRecord
 from domain.identity import PackName
-from domain.lifecycle import Generation, Origin, PackActivation, PackHistory, install_id_for
+from domain.lifecycle import (
+    Generation,
+    Origin,
+    PackActivation,
+    PackHistory,
+    install_id_for,
+)
 from domain.matrix import Activate, Adopt, Command, Fail, LocalUpdate, Remove
 from domain.records import LocalPack
-from ledger.commands.core import LeaseHandle
-from ledger.commands.leases import LeaseCommands
-from ledger.commands.sources import ResolvedPack
+from ledger.commands.unit_of_work import UnitOfWork
+from ledger.commands.writer_lease import LeaseHandle
+from ledger.sources.resolve import ResolvedPack
 
 
-class LifecycleSteps(LeaseCommands):
-    """One checked append per step; ``apply`` composes them."""
+class LifecycleSteps:
+    """One checked append per step, through ``uow``; ``apply`` composes them."""
+
+    def __init__(self, uow: UnitOfWork) -> None:
+        self.uow = uow
 
     def prepare(
-        self, handle: LeaseHandle, items: Sequence[tuple[ResolvedPack, Command]]
+        self,
+        handle: LeaseHandle,
+        items: Sequence[tuple[ResolvedPack, Command]],
+        *,
+        states: Mapping[PackName, PackState] | None = None,
     ) -> dict[str, str]:
-        """Record fresh candidates (install or advance); returns pack -> install id."""
+        """Record fresh candidates (install or advance); returns pack -> install id.
+
+        ``states``: the prepared packs' states as the caller just read them under the
+        lease (the decision's own snapshot; the append is fenced on their versions), else
+        read here."""
         commands = {PackName.trusted(r.name): cmd for r, cmd in items}
         created: dict[str, str] = {}
 
@@ -64,7 +82,7 @@ class LifecycleSteps(LeaseCommands):
                 created[resolved.name] = install_id
             return out
 
-        self.checked_append(handle, commands, build)
+        self.uow.checked_append(handle, commands, build, states=states)
         return created
 
     def activate(
@@ -128,7 +146,7 @@ class LifecycleSteps(LeaseCommands):
                 out.extend(self._remove(states[pack], epochs))
             return out
 
-        self.checked_append(
+        self.uow.checked_append(
             handle,
             commands,
             build,
@@ -208,4 +226,4 @@ class LifecycleSteps(LeaseCommands):
             newest.fail(dirty=dirty, reason=reason)
             return [newest]
 
-        self.checked_append(handle, commands, build)
+        self.uow.checked_append(handle, commands, build)

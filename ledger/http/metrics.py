@@ -41,7 +41,7 @@ from ledger.http.settings import MULTIPROC_ENV
 from ledger.store.replica import replication
 from projections.reader import CatalogReader
 
-#: The writer lease's name (``ledger.commands.core.WRITER_LEASE``; checked by a test).
+#: The writer lease's name (``ledger.commands.writer_lease.WRITER_LEASE``; checked by a test).
 WRITER_LEASE = "writer"
 UNMATCHED = "unmatched"
 #: Sub-millisecond reads up to slow ones.

@@ -19,7 +19,7 @@ from eventsourcing.tests import persistence as library
 from sqlalchemy.engine import Connection
 
 from domain.errors import Conflict
-from ledger.commands.core import LeaseLost
+from ledger.commands.writer_lease import LeaseLost
 from ledger.log.db import Database, open_database
 from ledger.log.recorder import LedgerRecorder
 from ledger.store.init import init_store

@@ -18,7 +18,7 @@ from domain.errors import LifecycleRejected
 from domain.lifecycle import GenerationStatus
 from domain.log import first_chain_break
 from domain.matrix import Advance
-from ledger.commands.core import LeaseLost
+from ledger.commands.writer_lease import LeaseLost
 from tests.support.cli_support import run_cli
 from tests.support.lifecycle_support import World, new_service
 
@@ -235,7 +235,7 @@ _CRASH_CHILD = textwrap.dedent(
     handle = service.acquire_lease()
     from domain.identity import PackName
     from domain.manifest import ManifestPack, OfficialSource
-    from ledger.commands.sources import resolve_packs
+    from ledger.sources.resolve import resolve_packs
     from pathlib import Path
     (target,) = resolve_packs([ManifestPack(PackName(pack),
                               OfficialSource(repo, to, pack + "/pack.json"))], base=Path(repo))

@@ -35,7 +35,7 @@ from domain.matrix import Advance
 from ledger.api import Store
 from ledger.cli import run
 from ledger.cli.read import DB_ENV
-from ledger.commands.core import WRITER_LEASE
+from ledger.commands.writer_lease import WRITER_LEASE
 from ledger.http import metrics as http_metrics
 from ledger.http.app import create_app
 from ledger.log.url import ENV_VAR

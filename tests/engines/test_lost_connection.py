@@ -29,7 +29,7 @@ from domain.identity import PackName
 from domain.lifecycle import GenerationStatus
 from domain.log import first_chain_break
 from ledger.audit.verify import verify_log
-from ledger.commands.publishing import read_snapshot
+from ledger.commands.publishing import read_catalog_in_force
 from ledger.commands.service import CommandService
 from ledger.log.db import open_database
 from ledger.store.runtime import Ledger
@@ -75,7 +75,7 @@ def observe(ledger: Ledger, packs: tuple[str, ...] = PACKS) -> Observed:
         return Observed(
             head=ledger.recorder.head_in(reader.conn).position,
             epochs=epochs,
-            revision=read_snapshot(ledger, reader.conn).parent.revision,
+            revision=read_catalog_in_force(ledger, reader.conn).parent.revision,
         )
 
 

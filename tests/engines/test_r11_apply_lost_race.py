@@ -19,13 +19,32 @@ import pytest
 from domain.errors import Conflict, Unavailable
 from ledger.audit.verify import verify_log
 from ledger.commands.apply import lost_race
-from ledger.commands.core import LeaseLost
 from ledger.commands.service import CommandService
+from ledger.commands.steps import LifecycleSteps
+from ledger.commands.unit_of_work import UnitOfWork
+from ledger.commands.writer_lease import LeaseLost
 from ledger.log.db import open_database
 from ledger.store.runtime import Ledger
 from tests.support.cli_inprocess import cli_json
 from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World, new_service
+
+
+class RacedSteps(LifecycleSteps):
+    """Lifecycle steps whose first ``losses`` activations (a release's final append) are
+    preceded by ``rival`` — another writer's append committed after this one decided."""
+
+    def __init__(self, uow: UnitOfWork, rival: Callable[[], Any], losses: int) -> None:
+        super().__init__(uow)
+        self.rival = rival
+        self.losses = losses
+        self.raced = 0
+
+    def activate(self, *args: Any, **kwargs: Any) -> dict[str, int]:
+        if self.raced < self.losses:
+            self.raced += 1
+            self.rival()
+        return super().activate(*args, **kwargs)
 
 
 class RacedService(CommandService):
@@ -36,15 +55,12 @@ class RacedService(CommandService):
         self, ledger: Ledger, rival: Callable[[], Any], losses: int = 1, **options: Any
     ) -> None:
         super().__init__(ledger, **options)
-        self.rival = rival
-        self.losses = losses
-        self.raced = 0
+        self.raced_steps = RacedSteps(self.uow, rival, losses)
+        self.steps = self.raced_steps
 
-    def activate(self, *args: Any, **kwargs: Any) -> dict[str, int]:
-        if self.raced < self.losses:
-            self.raced += 1
-            self.rival()
-        return super().activate(*args, **kwargs)
+    @property
+    def raced(self) -> int:
+        return self.raced_steps.raced
 
 
 def _pending_publication(world: World) -> tuple[str, str]:

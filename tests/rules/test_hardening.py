@@ -17,7 +17,7 @@ import pytest
 from domain.errors import Conflict, InvalidInput, LifecycleRejected
 from domain.matrix import Advance
 from ledger.commands.service import CommandService
-from ledger.commands.sources import _cat_file_batch
+from ledger.sources.git import _cat_file_batch
 from tests.support.cli_inprocess import cli, cli_json
 from tests.support.cli_support import SCRIPT
 from tests.support.gitrepo import component, local, pack_json, push_closure

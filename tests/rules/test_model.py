@@ -60,10 +60,10 @@ from domain.lifecycle import Generation, GenerationStatus, generation_id
 from domain.manifest import LocalSource, ManifestPack, OfficialSource
 from domain.matrix import Advance, Install
 from ledger.audit.verify import verify_log
-from ledger.commands.publishing import read_snapshot
+from ledger.commands.publishing import read_catalog_in_force
 from ledger.commands.service import CommandService, LeaseHandle
-from ledger.commands.sources import ResolvedPack, resolve_packs
 from ledger.log.db import Database, open_database
+from ledger.sources.resolve import ResolvedPack, resolve_packs
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
 from projections.reader import CatalogReader
@@ -1325,7 +1325,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 assert local == (self.sources.payload(pack, pm.local) if pm.local else None), where
             lease = reader.lease("writer")
             self.check_lease(lease)
-            catalog = read_snapshot(self.s.ledger, reader.conn)
+            catalog = read_catalog_in_force(self.s.ledger, reader.conn)
         bindings = {row.ident: row.install_id for row in catalog.bindings}
         assert bindings == m.bindings, f"bindings: store {bindings}, model {m.bindings}"
         pub = m.published

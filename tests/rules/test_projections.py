@@ -20,7 +20,7 @@ from domain.errors import IntegrityFailure, InvalidInput
 from domain.matrix import Advance
 from ledger.log.db import Database
 from projections.framework import load_states, read_version_rows
-from projections.queries import pack_status
+from projections.queries.status import pack_status
 from projections.registry import ALL_PROJECTIONS
 from tests.support.cli_inprocess import cli
 from tests.support.cli_support import run_cli

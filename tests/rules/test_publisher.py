@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from domain.errors import Conflict, LifecycleRejected
 from domain.matrix import Advance
-from ledger.commands.publishing import StagedPublication
+from ledger.commands.publish import StagedPublication
 from ledger.commands.results import ApplyResult
 from tests.support.gitrepo import component, pack_json, sales
 from tests.support.gitrepo import sales_closure as full

@@ -24,12 +24,12 @@ from domain.content import parse_pack_content
 from domain.digests import Purpose, digest
 from domain.errors import LifecycleRejected
 from domain.matrix import Advance
-from ledger.commands import catalog_state, publishing
+from ledger.commands import catalog_state, publish
+from ledger.commands.publish import StagedPublication
 from ledger.commands.publishing import (
     FullBuildDue,
-    StagedPublication,
+    read_catalog_in_force,
     read_from_fragments,
-    read_snapshot,
 )
 from ledger.store.init import init_store
 from ledger.store.kept_fragments import _labelled
@@ -205,7 +205,7 @@ def stage_both(
     service = world.service
     if inc is not None:
         with monkeypatch.context() as m:
-            m.setattr(publishing, "read_snapshot", no_full_read)
+            m.setattr(publish, "read_catalog_in_force", no_full_read)
             if from_fragments:
                 m.setattr(catalog_state, "fragments_from_views", no_stream)
             incremental = service.stage_publication()
@@ -222,7 +222,7 @@ def stage_both(
 def check_against_full_rebuild(world: World) -> None:
     """The revision in force equals the full build of its inputs, row for row."""
     with world.ledger.snapshot() as reader:
-        snap = read_snapshot(world.ledger, reader.conn)
+        snap = read_catalog_in_force(world.ledger, reader.conn)
         rows = catalog_rows(world)
     built = build_catalog(snap.input())
     head = max(rows["_System_CatalogRevision"], key=lambda r: int(r["revision"]))

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from domain.errors import Conflict
-from ledger.commands.core import LeaseHandle, LeaseLost
-from ledger.commands.leases import LeaseBusy, LeaseKeeper
 from ledger.commands.service import CommandService
+from ledger.commands.steps import LifecycleSteps
+from ledger.commands.unit_of_work import UnitOfWork
+from ledger.commands.writer_lease import LeaseBusy, LeaseHandle, LeaseKeeper, LeaseLost
 from ledger.log import lease_rows
 from ledger.log.db import open_database
 from ledger.store.runtime import Ledger
@@ -71,18 +72,31 @@ def test_r27_a_takeover_racing_a_renewal_loses_to_it(world: World) -> None:
     a, b = writer(world, clock, "a"), writer(world, clock, "b")
     handle = a.acquire_lease()
     clock.at += 31  # expired as far as b's snapshot can tell
-    found, renewed = b._read_lease()
-    assert found is not None and found.is_free(b._now_us(), renewed)
+    found, renewed = b.lease.read()
+    assert found is not None and found.is_free(b.lease.now_us(), renewed)
     a.renew_lease(handle)  # ... but a renews before b's append
     prior = (found.epoch, found.holder, found.released)
-    found.acquire("b", b._now_us(), b.lease_ttl_us, renewed)
+    found.acquire("b", b.lease.now_us(), b.lease.ttl_us, renewed)
     head = world.head()
     with pytest.raises(Conflict, match="was renewed by 'a'"):
-        b.ledger.app.save(found, precommit=b._claim(prior, b._now_us(), found))
+        b.ledger.app.save(found, precommit=b.lease.claim(prior, b.lease.now_us(), found))
     assert world.head() == head
     assert a.still_held(handle)
     for service in (a, b):
         service.ledger.close()
+
+
+class InterruptedSteps(LifecycleSteps):
+    """Lifecycle steps that run ``during`` once the candidates are prepared."""
+
+    def __init__(self, uow: UnitOfWork, during: Any) -> None:
+        super().__init__(uow)
+        self.during = during
+
+    def prepare(self, handle: LeaseHandle, items: Sequence[Any], **options: Any) -> dict[str, str]:
+        out = super().prepare(handle, items, **options)
+        self.during(handle)
+        return out
 
 
 class Interrupted(CommandService):
@@ -90,12 +104,7 @@ class Interrupted(CommandService):
 
     def __init__(self, ledger: Ledger, during: Any, **options: Any) -> None:
         super().__init__(ledger, **options)
-        self.during = during
-
-    def prepare(self, handle: LeaseHandle, items: Sequence[Any]) -> dict[str, str]:
-        out = super().prepare(handle, items)
-        self.during(handle)
-        return out
+        self.steps = InterruptedSteps(self.uow, during)
 
 
 @pytest.mark.parametrize("noticed_by", ["renewal", "fence"])

@@ -26,7 +26,7 @@ def test_r6_failed_attempt_then_successful_retry_keeps_history(world: World) -> 
     state = world.state("sales")
     assert state.history is not None and state.history.attempts[1:] == [failed_id, new_id]
     with world.db.read() as conn:
-        from projections.queries import pack_status
+        from projections.queries.status import pack_status
 
         (row,) = pack_status(conn)
     assert row["active_install_id"] == new_id and row["dirty"] is False

@@ -23,8 +23,8 @@ import sqlalchemy as sa
 from domain.identity import Audience
 from domain.matrix import Advance
 from ledger.commands.service import CommandService
-from ledger.commands.sources import resolve_manifest
 from ledger.log.db import open_database
+from ledger.sources.resolve import resolve_manifest
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
 from projections.reader import CatalogReader

@@ -18,7 +18,7 @@ from ledger.audit.verify import verify_log
 from ledger.commands.service import CommandService
 from ledger.log.db import open_database
 from ledger.store.runtime import Ledger
-from projections.queries import preparing_generations
+from projections.queries.status import preparing_generations
 from tests.conftest import Server
 from tests.support.crash_scenario import final_state
 

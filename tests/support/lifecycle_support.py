@@ -12,8 +12,8 @@ from domain.identity import PackName
 from domain.manifest import LocalSource, ManifestPack, OfficialSource
 from ledger.commands.results import ApplyResult
 from ledger.commands.service import CommandService
-from ledger.commands.sources import ResolvedPack, resolve_packs
 from ledger.log.db import Database, open_database
+from ledger.sources.resolve import ResolvedPack, resolve_packs
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
 from tests.support.gitrepo import Repo, manifest, official, push_pack

@@ -46,14 +46,19 @@ ALLOWED_OURS = {
     # Views declare their tables with the log's identity column types (R3): one
     # declaration of binary identity semantics for every table in the store.
     "projections": {"domain", "ledger.log.sqltypes"},
+    # The read model's queries stream the view tables through the log's engine helper.
+    "projections.queries": {"domain", "projections", "ledger.log.sqltypes", "ledger.log.db"},
     "ledger.log": {"domain"},
     # The store keeps the publisher's derived fragments (its table, read and written
     # in the shapes of the pure ``publisher.fragments``): publisher is as inward as views.
     "ledger.store": {"domain", "ledger.log", "ledger.observability", "projections", "publisher"},
+    # The sources adapter: pack content from git and the file system (R5).
+    "ledger.sources": {"domain"},
     "ledger.commands": {
         "domain",
         "ledger.log",
         "ledger.observability",
+        "ledger.sources",
         "ledger.store",
         "projections",
         "publisher",
@@ -62,7 +67,7 @@ ALLOWED_OURS = {
         "domain",
         "ledger.log",
         "ledger.store",
-        "ledger.commands.sources",
+        "ledger.sources",
         "projections",
         "publisher",
     },
@@ -88,6 +93,7 @@ ALLOWED_OURS = {
         "ledger.observability",
         "ledger.operations",
         "ledger.results",
+        "ledger.sources",
         "projections",
     },
     # The runtime client speaks HTTP to a server; it shares only the pure domain (the
@@ -202,3 +208,78 @@ def test_layering_check_catches_a_forbidden_import(
     assert len(_violations("domain", IO_MODULES)) == 2
     assert _violations("ledger.log", set()) == ["ledger/log/bad.py imports projections.runner"]
     assert _violations("ledger.cli", set()) == ["ledger/cli/bad.py imports ledger.log.db"]
+
+
+def _command_class_bases(root: Path) -> list[str]:
+    """Every class under ``ledger/commands`` that inherits from a class defined there
+    (``module.Class inherits module.Base``): command classes take collaborators, never
+    a mixin (issue 26). A result shape extending another (``TypedDict``) is data, not a
+    command class, and is not counted."""
+    package = root / "ledger" / "commands"
+    trees = {
+        ".".join(p.relative_to(root).with_suffix("").parts): ast.parse(p.read_text("utf-8"))
+        for p in sorted(package.rglob("*.py"))
+    }
+    defined = {
+        (module, node.name)
+        for module, tree in trees.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+    }
+    bases: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for module, tree in trees.items():
+        imported: dict[str, tuple[str, str]] = {}  # local name -> (module, name)
+        modules: dict[str, str] = {}  # local alias -> module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    local = alias.asname or alias.name
+                    imported[local] = (node.module, alias.name)
+                    modules[local] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    modules[alias.asname or alias.name] = alias.name
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            found = bases.setdefault((module, node.name), [])
+            for base in node.bases:
+                if isinstance(base, ast.Name):
+                    found.append(imported.get(base.id, (module, base.id)))
+                elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name):
+                    found.append((modules.get(base.value.id, base.value.id), base.attr))
+    shapes = {c for c, found in bases.items() if any(b[1] == "TypedDict" for b in found)}
+    while grown := {c for c, found in bases.items() if set(found) & shapes} - shapes:
+        shapes |= grown
+    return [
+        f"{c[0]}.{c[1]} inherits {b[0]}.{b[1]}"
+        for c, found in bases.items()
+        for b in found
+        if b in defined and b not in shapes
+    ]
+
+
+def test_no_command_class_inherits_another_command_class() -> None:
+    assert _command_class_bases(ROOT) == []
+
+
+def test_mixin_check_catches_a_command_mixin(tmp_path: Path) -> None:
+    package = tmp_path / "ledger" / "commands"
+    package.mkdir(parents=True)
+    (package / "core.py").write_text("class Core:\n    pass\n")
+    (package / "apply.py").write_text(
+        "from ledger.commands.core import Core\n"
+        "from ledger.commands import core\n"
+        "class Apply(Core):\n    pass\n"
+        "class Again(core.Core):\n    pass\n"
+        "class Fine(Exception):\n    pass\n"
+        "class Local(Fine):\n    pass\n"
+        "from typing import TypedDict\n"
+        "class Shape(TypedDict):\n    a: int\n"
+        "class Wider(Shape):\n    b: int\n"
+    )
+    assert _command_class_bases(tmp_path) == [
+        "ledger.commands.apply.Apply inherits ledger.commands.core.Core",
+        "ledger.commands.apply.Again inherits ledger.commands.core.Core",
+        "ledger.commands.apply.Local inherits ledger.commands.apply.Fine",
+    ]

@@ -1,4 +1,4 @@
-"""The writer lease (R12, R27): acquire with a wait, keep alive, release, break, recover.
+"""The lease handler (R12, R27): acquire with a wait, keep alive, release, break, recover.
 
 The log records every acquisition, release and break; the lease's coordination
 row (``ledger.log.lease_rows``) carries its current expiry, which a holder's
@@ -16,7 +16,6 @@ The next lease holder turns every abandoned ``preparing`` attempt into
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -32,74 +31,58 @@ from domain.event_types import T_PREPARED
 from domain.identity import PackName
 from domain.lifecycle import GenerationStatus, generation_id
 from domain.matrix import Command, Fail
-from ledger.commands.core import WRITER_LEASE, LeaseHandle, LeaseLost, ServiceCore
 from ledger.commands.results import RecoveredAttempt
+from ledger.commands.unit_of_work import UnitOfWork
+from ledger.commands.writer_lease import (
+    WRITER_LEASE,
+    LeaseBusy,
+    LeaseHandle,
+    LeaseKeeper,
+    lease_lost,
+    read_lease,
+)
 from ledger.log import lease_rows
 from ledger.log.db import translate_errors
 from ledger.log.recorder import LedgerRecorder
 from ledger.observability import get_logger, phased
+from ledger.store.runtime import Ledger
 from projections import checks
 from projections.lifecycle_views import PACK_GENERATION
-from projections.queries import preparing_generations
+from projections.queries.status import preparing_generations
 
 log = get_logger("lease")
 
 
-class LeaseBusy(Conflict):
-    """Another live writer holds the lease, or won the race to take it (exit 4)."""
+class LeaseHandler:
+    """Taking, holding, renewing, breaking and giving back the writer lease, as
+    ``holder``, with expiries from ``clock``; recovery appends through ``uow``."""
 
+    def __init__(
+        self,
+        ledger: Ledger,
+        uow: UnitOfWork,
+        *,
+        holder: str,
+        lease_ttl: float,
+        lease_wait: float,
+        renew_every: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.ledger = ledger
+        self.uow = uow
+        self.holder = holder
+        self.ttl_us = int(lease_ttl * 1_000_000)
+        self.wait = lease_wait
+        #: Renew a held lease this often.
+        self.renew_every = renew_every
+        self.clock = clock
 
-class LeaseKeeper:
-    """Renews a held lease in the background until stopped; remembers a loss."""
+    def now_us(self) -> int:
+        return int(self.clock() * 1_000_000)
 
-    def __init__(self, commands: LeaseCommands, handle: LeaseHandle, every: float) -> None:
-        self.commands = commands
-        self.handle = handle
-        self.every = every
-        self.lost: LeaseLost | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"lease-keeper-{handle.epoch}", daemon=True
-        )
-
-    def start(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-
-    def check(self) -> None:
-        """Raise the loss the keeper noticed (the work stops before its next append)."""
-        if self.lost is not None:
-            raise self.lost
-
-    def renew_once(self) -> bool:
-        """One renewal; ``False`` (and the loss remembered) when the lease is gone."""
-        if self.lost is not None:
-            return False
-        try:
-            self.commands.renew_lease(self.handle)
-        except LeaseLost as exc:
-            self.lost = exc
-            log.warning(
-                "lease lost", extra={"epoch": self.handle.epoch, "holder": exc.details["holder"]}
-            )
-            return False
-        except LedgerError as exc:  # transient: the next renewal retries; the fence guards
-            log.warning("lease renewal failed", extra={"error": exc.code, "reason": exc.message})
-        return True
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            if not self.renew_once():
-                return
-
-
-class LeaseCommands(ServiceCore):
-    """Taking, holding, renewing, breaking and giving back the writer lease."""
+    def read(self, name: str = WRITER_LEASE) -> tuple[Lease | None, int | None]:
+        """The lease as the log and its coordination row have it."""
+        return read_lease(self.ledger, name)
 
     @phased("lease")  # a phase of the command taking the lease (apply), with its id
     def acquire_lease(self, *, wait: float | None = None) -> LeaseHandle:
@@ -108,16 +91,16 @@ class LeaseCommands(ServiceCore):
         Losing the race to create or take the lease is a busy lease, never an
         error of the caller's: it waits like for any other holder.
         """
-        deadline = time.monotonic() + (self.lease_wait if wait is None else wait)
+        deadline = time.monotonic() + (self.wait if wait is None else wait)
         pause = 0.05
         while True:
-            found, renewed = self._read_lease()
+            found, renewed = self.read()
             lease = found or Lease(name=WRITER_LEASE)
             prior = (lease.epoch, lease.holder, lease.released)
             try:
-                now = self._now_us()
-                lease.acquire(self.holder, now, self.lease_ttl_us, renewed)
-                claim = self._claim(prior, now, lease)
+                now = self.now_us()
+                lease.acquire(self.holder, now, self.ttl_us, renewed)
+                claim = self.claim(prior, now, lease)
                 self.ledger.app.save(lease, precommit=claim)
                 log.info("lease acquired", extra={"epoch": lease.epoch, "holder": self.holder})
                 return LeaseHandle(WRITER_LEASE, self.holder, lease.epoch, lease.version)
@@ -129,12 +112,13 @@ class LeaseCommands(ServiceCore):
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
 
-    def _claim(
+    def claim(
         self, prior: tuple[int, str | None, bool], now_us: int, lease: Lease
     ) -> Callable[[Connection], None]:
         """Inside the acquisition's append: refuse if the previous holder renewed since we
         read the row, then point the row at us (the takeover and a renewal never both win)."""
         epoch, holder, released = prior
+        taker = self.holder
 
         def claim(conn: Connection) -> None:
             row = lease_rows.read(conn, lease.name, for_update=True)
@@ -152,7 +136,7 @@ class LeaseCommands(ServiceCore):
                     holder=holder,
                     epoch=epoch,
                 )
-            lease_rows.claim(conn, lease.name, self.holder, lease.epoch, lease.expires_at_us)
+            lease_rows.claim(conn, lease.name, taker, lease.epoch, lease.expires_at_us)
 
         return claim
 
@@ -161,16 +145,16 @@ class LeaseCommands(ServiceCore):
 
         Raises ``LeaseLost`` naming the new holder when the epoch has moved on.
         """
-        expires = self._now_us() + self.lease_ttl_us
+        expires = self.now_us() + self.ttl_us
         with translate_errors(), self.ledger.db.write() as conn:
             renewed = lease_rows.renew(conn, handle.name, handle.holder, handle.epoch, expires)
         if not renewed:
-            raise self.lost(handle)
+            raise lease_lost(self.ledger, handle)
         log.debug("lease renewed", extra={"epoch": handle.epoch, "expires_at_us": expires})
         return expires
 
     def release_lease(self, handle: LeaseHandle) -> None:
-        lease, _ = self._read_lease(handle.name)
+        lease, _ = self.read(handle.name)
         if lease is None:
             raise Conflict("the writer lease does not exist", rule="R12")
         lease.release(handle.epoch)
@@ -184,7 +168,7 @@ class LeaseCommands(ServiceCore):
     def break_lease(self, holder: str) -> Lease:
         """Free ``holder``'s lease at once (CONFLICT unless it holds it): epoch + 1 and
         free, so a wrongly presumed-dead holder is fenced out of every append (R27)."""
-        lease, _ = self._read_lease()
+        lease, _ = self.read()
         if lease is None:
             raise Conflict(f"lease {WRITER_LEASE!r} has never been held", rule="R27")
         lease.break_for(holder)
@@ -198,7 +182,7 @@ class LeaseCommands(ServiceCore):
 
     def lease_state(self) -> tuple[Lease | None, int]:
         """The lease as the log has it, and its effective expiry (renewals included)."""
-        lease, renewed = self._read_lease()
+        lease, renewed = self.read()
         return lease, (0 if lease is None else lease.expiry(renewed))
 
     @contextmanager
@@ -209,7 +193,7 @@ class LeaseCommands(ServiceCore):
         (and ``also``, attempts the caller found ``preparing`` in the log) before anything
         else."""
         handle = self.acquire_lease(wait=wait)
-        keeper = LeaseKeeper(self, handle, self.renew_every).start()
+        keeper = LeaseKeeper(self.renew_lease, handle, self.renew_every).start()
         handle = replace(handle, keeper=keeper)
         try:
             yield replace(handle, recovered=tuple(self.recover(handle, also)))
@@ -246,7 +230,7 @@ class LeaseCommands(ServiceCore):
                 out.append(newest)
             return out
 
-        self.checked_append(handle, commands, build)
+        self.uow.checked_append(handle, commands, build)
         log.info("recovered abandoned attempts", extra={"count": len(found), "epoch": handle.epoch})
         return [{"pack": p, "install_id": i} for p, i in found]
 
