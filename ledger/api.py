@@ -22,12 +22,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, TextIO, overload
 
-import ledger.audit.operations as audit_operations
 from domain.coordination import DEFAULT_LEASE_TTL
 from domain.served import AudienceView
 from ledger import operations
-from ledger.audit.operations import check_proof, keygen, read_text, verifier_key
-from ledger.audit.results import KeygenResult
 from ledger.log.db import Database, open_database
 from ledger.log.url import resolve_url
 from ledger.operations import Progress, ddl, doctor_exit_code, pack_hash
@@ -55,12 +52,14 @@ from ledger.store.runtime import Ledger
 # them) start without the audit, export, command and signing code (issue 25.7;
 # tests/e2e/test_cli_basics.py checks it).
 if TYPE_CHECKING:
+    from ledger.audit.operations import check_proof, keygen, read_text, verifier_key
     from ledger.audit.results import (
         AudienceHistoryResult,
         CheckpointNote,
         ConsistencyProof,
         HistoryResult,
         InclusionProof,
+        KeygenResult,
         PastView,
     )
     from ledger.audit.verify import AuditReport
@@ -69,6 +68,23 @@ if TYPE_CHECKING:
     from ledger.commands.service import CommandService
     from ledger.store.migrations import MigrateResult
     from projections.runner import ProjectionsStatus, RebuildOutcome
+
+# The audit's names are re-exported on first use, so that importing the façade loads no
+# ``ledger.audit`` module (the CLI's read commands never need one).
+_AUDIT_OPERATIONS = frozenset({"check_proof", "keygen", "read_text", "verifier_key"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _AUDIT_OPERATIONS:
+        from ledger.audit import operations as audit_operations
+
+        return getattr(audit_operations, name)
+    if name == "KeygenResult":
+        from ledger.audit.results import KeygenResult
+
+        return KeygenResult
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CaughtUp",
@@ -339,6 +355,8 @@ class Store:
         progress: Progress | None = None,
     ) -> AuditReport:
         """Verify the whole log; INTEGRITY naming the first bad position if anything fails."""
+        from ledger.audit import operations as audit_operations
+
         note = audit_operations.checkpoint_note(from_checkpoint)
         return audit_operations.verify(
             self.audit_ledger,
@@ -352,6 +370,8 @@ class Store:
 
     def checkpoint(self, *, sign: Path | None = None) -> CheckpointNote:
         """The C2SP tlog-checkpoint of the log, optionally as a signed note."""
+        from ledger.audit import operations as audit_operations
+
         return audit_operations.checkpoint(self.audit_ledger, sign=sign)
 
     def prove(
@@ -363,6 +383,8 @@ class Store:
         to_size: int | None = None,
     ) -> InclusionProof | ConsistencyProof:
         """An inclusion proof (``position``) or a consistency proof (``from_size``)."""
+        from ledger.audit import operations as audit_operations
+
         audit_operations.check_proof_request(position=position, from_size=from_size)
         return audit_operations.prove(
             self.audit_ledger, position=position, size=size, from_size=from_size, to_size=to_size
