@@ -81,6 +81,7 @@ ALLOWED_OURS = {
         "ledger.commands",
         "ledger.audit",
         "ledger.results",
+        "ledger.sources",
         "projections",
     },
     # The public Python API composes everything below the entrypoints.
