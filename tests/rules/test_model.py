@@ -1,8 +1,8 @@
 """R6-R17 lifecycle model check: a hypothesis state machine against both real engines.
 
 Every example opens a fresh store (a copy of the worker's initialized template:
-a new SQLite file, or a MariaDB database emptied to init's rows) and drives it in random order through the
-public command service: lease acquire / release / expiry (a controllable
+a new SQLite file, or a MariaDB database emptied to init's rows) and drives it in
+random order through the public command service: lease acquire / release / expiry (a controllable
 clock, no sleeping), recovery by the next holder, install and advance
 candidates, activation of one or several packs in one append, clean and dirty
 failures, legacy import and adoption, local_path updates, whole releases with
