@@ -31,6 +31,10 @@ from ledger.store.init import init_store
 
 Shape = tuple[tuple[Any, ...], ...]
 
+#: Store URLs handed out already initialized: ``World`` and the ``db`` fixture skip
+#: ``init`` on them.
+INITIALIZED: set[str] = set()
+
 #: The schema as the server describes it; a test that changed any of it (DDL) leaves a
 #: database that is not reused.
 SHAPE_QUERIES = (
