@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from types import MappingProxyType, UnionType
+from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 from uuid import UUID
 
@@ -207,10 +207,6 @@ class EventTypeTable:
     def topics_of(self, names: Iterable[str]) -> list[str]:
         """Every stored topic of the types ``names`` (for SQL topic filters)."""
         return sorted(t for name in names for t in self._by_name[name].stored_topics())
-
-    def v0_topics(self) -> Mapping[str, str]:
-        """Frozen format-v0 topic -> type name."""
-        return MappingProxyType({t.v0_topic: t.name for t in self._by_name.values() if t.v0_topic})
 
 
 def _t(

@@ -38,21 +38,6 @@ class ChainBreak:
     problem: str
 
 
-def chain_rows(
-    rows: Iterable[tuple[UUID, int, str, bytes]], *, start_position: int, start_chain: bytes
-) -> list[tuple[int, bytes, bytes]]:
-    """(position, event_id, chain) for new rows appended after ``start_chain``."""
-    out: list[tuple[int, bytes, bytes]] = []
-    chain = start_chain
-    position = start_position
-    for aggregate, version, topic, state in rows:
-        position += 1
-        eid = event_id(aggregate.bytes, version, topic.encode(), state)
-        chain = next_chain(chain, eid)
-        out.append((position, eid, chain))
-    return out
-
-
 def first_chain_break(
     rows: Iterable[LoggedEvent], *, start_position: int = 0, start_chain: bytes = ZERO_CHAIN
 ) -> ChainBreak | None:
