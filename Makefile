@@ -26,7 +26,7 @@ lint: $(STAMP)
 # Three workers (the suite waits on fsync and subprocesses as much as on the 2 cores);
 # a test module, and so a test-owned cluster, stays on one worker.
 test: lint
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=20
 
 campaign: $(STAMP)
 	$(BIN)/python -m pytest -q -s -m campaign tests

@@ -311,12 +311,6 @@ class SqlRowStore(RowStore):
         self._done: dict[tuple[str, Key], tuple[ViewTable, Row]] = {}
         self._pending: dict[tuple[str, Key], tuple[ViewTable, Row]] = {}
 
-    def _where(self, table: ViewTable, key: Key) -> Any:
-        t = table.physical
-        clauses = [t.c.view_version == self.view_version]
-        clauses.extend(t.c[name] == value for name, value in zip(table.key, key, strict=True))
-        return sa.and_(*clauses)
-
     def _layered(self, table: ViewTable, key: Key) -> tuple[bool, Row | None]:
         ident = (table.name, key)
         for layer in (self._pending, self._done):
@@ -466,27 +460,6 @@ def read_version_rows(conn: Connection, table: ViewTable, view_version: int) -> 
     )
     for row in conn.execute(query):
         yield _normalize(row._asdict())
-
-
-def write_rows(conn: Connection, table: ViewTable, view_version: int, rows: Iterable[Row]) -> int:
-    """Bulk-insert rows as ``view_version``: one DBAPI executemany (the rebuild hot path)."""
-    columns = table.columns
-    batch = [(view_version, *(row[c] for c in columns)) for row in rows]
-    if not batch:
-        return 0
-    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    preparer = conn.dialect.identifier_preparer
-    names = ", ".join(preparer.quote(c) for c in ("view_version", *columns))
-    sql = (
-        f"INSERT INTO {preparer.quote(table.physical.name)} ({names}) "
-        f"VALUES ({', '.join([mark] * (len(columns) + 1))})"
-    )
-    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    try:
-        cursor.executemany(sql, batch)
-    finally:
-        cursor.close()
-    return len(batch)
 
 
 def write_tuples(conn: Connection, table: ViewTable, rows: Sequence[RowTuple]) -> int:

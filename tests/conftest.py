@@ -29,7 +29,7 @@ from ledger.log.db import Database, open_database
 from ledger.store.init import init_store
 from tests.support.cluster_support import GaleraCluster, ReplicaPair, running
 from tests.support.lifecycle_support import World
-from tests.support.stores import MariaDBStores, SqliteTemplate
+from tests.support.stores import INITIALIZED, MariaDBStores, SqliteTemplate
 
 MYSQL_ENV = "CATALOG_LEDGER_TEST_MYSQL"
 
@@ -126,16 +126,17 @@ def mariadb_stores(mysql_server: Server) -> Iterator[MariaDBStores]:
     stores.close()
 
 
-#: Store URLs handed out already initialized (``world`` and ``db`` skip ``init``).
-INITIALIZED: set[str] = set()
+#: The fixtures that build a store on ``engine_url`` (they get it initialized).
+BUILDS_A_STORE = {"world", "db", "stage"}
 
 
 @pytest.fixture(params=ENGINES)
 def engine_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh store URL on each real engine: not yet initialized, except for a test that
-    uses ``world`` or ``db``, which gets it in exactly the state ``init`` leaves (a copy
-    of this worker's template store, see ``tests/support/stores.py``)."""
-    initialized = bool({"world", "db"} & set(request.fixturenames))
+    uses a fixture in ``BUILDS_A_STORE`` (``world``, ``db``...): that one gets it in exactly
+    the state ``init`` leaves (a copy of this worker's template store, see
+    ``tests/support/stores.py``)."""
+    initialized = bool(BUILDS_A_STORE & set(request.fixturenames))
     if request.param == "sqlite":
         url = str(request.getfixturevalue("sqlite_url"))
         if initialized:
@@ -184,7 +185,7 @@ def db(engine_url: str) -> Iterator[Database]:
 @pytest.fixture
 def world(engine_url: str, tmp_path: Path) -> Iterator[World]:
     """A store on each real engine with a git repository and the command service."""
-    w = World(tmp_path, engine_url, initialized=engine_url in INITIALIZED)
+    w = World(tmp_path, engine_url)
     yield w
     w.close()
 

@@ -1482,6 +1482,8 @@ def check_argument_vector(stage: Stage, argv: list[str]) -> str:
     return code
 
 
+# Once, on SQLite: arguments are refused before any store is read.
+@pytest.mark.parametrize("engine_url", ["sqlite"], indirect=True)
 @hostile_settings(40)
 @given(data=st.data())
 def test_r19_hostile_cli_argument_vectors_exit_with_typed_codes(
@@ -1491,6 +1493,8 @@ def test_r19_hostile_cli_argument_vectors_exit_with_typed_codes(
     tally[f"{argv.kind} -> {check_argument_vector(stage, argv.value)}"] += 1
 
 
+# Once, on SQLite: arguments are refused before any store is read.
+@pytest.mark.parametrize("engine_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize(
     "args",
     [
@@ -1732,6 +1736,8 @@ def check_schemathesis_case(server: ServedStore, case: Any) -> str:
     return outcome
 
 
+# Once, on SQLite: the HTTP layer answers these; the engine does not matter.
+@pytest.mark.parametrize("engine_url", ["sqlite"], indirect=True)
 @hostile_settings(40)
 @given(case=schemathesis_cases())
 def test_r19_http_schemathesis_cases_get_documented_typed_answers(
@@ -1855,6 +1861,8 @@ def check_raw_request(
     return outcome
 
 
+# Once, on SQLite: the HTTP layer answers these; the engine does not matter.
+@pytest.mark.parametrize("engine_url", ["sqlite"], indirect=True)
 @hostile_settings(40)
 @given(request=raw_requests())
 @example(request=Tagged("GET view", ("GET", "/v1/audiences/app%3Acrm/x/view", [], {})))

@@ -19,7 +19,7 @@ from ledger.log import merkle
 from ledger.log import tables as schema
 from ledger.log.checkpoint import SignerKey
 from ledger.log.db import Database
-from tests.support.cli_support import run_cli
+from tests.support.cli_inprocess import cli
 from tests.support.gitrepo import git, push_closure
 from tests.support.history import bulk_history
 from tests.support.lifecycle_support import World
@@ -210,7 +210,7 @@ def test_r22_rewritten_but_consistent_history_is_caught_by_the_checkpoint(world:
     report = verify_log(world.ledger, views=False, from_checkpoint=note, verifier=key.verifier)
     assert not report.ok  # ... but it is not the history the auditor checkpointed
     assert report.first() is not None and report.first().check == "checkpoint"  # type: ignore[union-attr]
-    out = run_cli("--db", world.url, "audit", "verify", "--no-views", "--json")
+    out = cli("--db", world.url, "audit", "verify", "--no-views", "--json")
     assert out.code == 0
 
 
@@ -274,16 +274,16 @@ def test_r22_checkpoint_and_proof_cli_round_trip_offline(world: World, tmp_path:
     world.apply(world.official("sales", world.commit("sales", 1)))
     world.apply(world.official("sales", world.commit("sales", 2)))
     key = tmp_path / "auditor.key"
-    assert run_cli("audit", "keygen", "auditor", "--out", str(key)).code == 0
-    signed = run_cli("--db", world.url, "audit", "checkpoint", "--sign", str(key))
+    assert cli("audit", "keygen", "auditor", "--out", str(key)).code == 0
+    signed = cli("--db", world.url, "audit", "checkpoint", "--sign", str(key))
     assert signed.code == 0 and "\u2014 auditor " in signed.stdout
     (tmp_path / "cp.txt").write_text(signed.stdout)
-    inclusion = run_cli("--db", world.url, "audit", "prove", "--position", "3")
+    inclusion = cli("--db", world.url, "audit", "prove", "--position", "3")
     (tmp_path / "inc.json").write_text(inclusion.stdout)
-    consistency = run_cli("--db", world.url, "audit", "prove", "--from-size", "4")
+    consistency = cli("--db", world.url, "audit", "prove", "--from-size", "4")
     (tmp_path / "con.json").write_text(consistency.stdout)
     for proof in ("inc.json", "con.json"):
-        ok = run_cli(
+        ok = cli(
             "audit",
             "verify-proof",
             str(tmp_path / proof),
@@ -295,8 +295,8 @@ def test_r22_checkpoint_and_proof_cli_round_trip_offline(world: World, tmp_path:
         )
         assert ok.code == 0 and ok.json()["ok"] is True, ok.stdout
     other = tmp_path / "other.key"
-    run_cli("audit", "keygen", "other", "--out", str(other))
-    wrong = run_cli(
+    cli("audit", "keygen", "other", "--out", str(other))
+    wrong = cli(
         "audit",
         "verify-proof",
         str(tmp_path / "inc.json"),
@@ -310,7 +310,7 @@ def test_r22_checkpoint_and_proof_cli_round_trip_offline(world: World, tmp_path:
     doc = json.loads(inclusion.stdout)
     doc["proof"][0] = doc["proof"][1] if len(doc["proof"]) > 1 else doc["leaf_hash"]
     (tmp_path / "bad.json").write_text(json.dumps(doc))
-    bad = run_cli(
+    bad = cli(
         "audit",
         "verify-proof",
         str(tmp_path / "bad.json"),
@@ -319,7 +319,7 @@ def test_r22_checkpoint_and_proof_cli_round_trip_offline(world: World, tmp_path:
         "--json",
     )
     assert bad.code == 6
-    assert run_cli("--db", world.url, "audit", "prove", "--position", "999999").code == 3
+    assert cli("--db", world.url, "audit", "prove", "--position", "999999").code == 3
 
 
 def test_r20_history_view_at_revision_and_export_from_the_log(world: World, tmp_path: Path) -> None:
@@ -327,20 +327,17 @@ def test_r20_history_view_at_revision_and_export_from_the_log(world: World, tmp_
     c1, c2 = world.commit("sales", 1), world.commit("sales", 2)
     first = world.service.apply(world.manifest([world.official("sales", c1)], bindings))
     world.service.apply(world.manifest([world.official("sales", c2)], bindings))
-    events = run_cli("--db", world.url, "history", "--pack", "sales", "--json").json()["events"]
+    events = cli("--db", world.url, "history", "--pack", "sales", "--json").json()["events"]
     names = [e["event"] for e in events]
     assert names.count("generation.prepared") == 2 and "generation.retired" in names
-    past = run_cli("--db", world.url, "view", "integration:a", "--at-revision", "1", "--json")
+    past = cli("--db", world.url, "view", "integration:a", "--at-revision", "1", "--json")
     assert past.code == 0
     install_ids = {f["install_id"] for f in past.json()["facts"]}
     assert install_ids == {first["packs"][0]["install_id"]}
     assert past.json()["content_digest"] == first["catalog"]["content_digest"]
-    assert (
-        run_cli("--db", world.url, "view", "integration:a", "--at-revision", "9", "--json").code
-        == 5
-    )
+    assert cli("--db", world.url, "view", "integration:a", "--at-revision", "9", "--json").code == 5
     out = tmp_path / "events.jsonl"
-    assert run_cli("--db", world.url, "export", "--jsonl", "--out", str(out)).code == 0
+    assert cli("--db", world.url, "export", "--jsonl", "--out", str(out)).code == 0
     schema_doc = json.loads((ROOT / "schema" / "events.schema.json").read_text())
     *lines, trailer = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == world.head() == trailer["count"]  # the trailer is not an event
@@ -364,11 +361,11 @@ def test_r22_events_schema_is_current() -> None:
 
 def test_r22_audit_verify_cli_reports_first_bad_position(world: World) -> None:
     world.apply(world.official("sales", world.commit("sales", 1)))
-    assert run_cli("--db", world.url, "audit", "verify", "--json").json()["ok"] is True
+    assert cli("--db", world.url, "audit", "verify", "--json").json()["ok"] is True
     (row,) = _rows(world.db, 4)
     with world.db.write() as conn:
         conn.execute(EV.update().where(EV.c.position == 4).values(state=bytes(row["state"]) + b" "))
-    out = run_cli("--db", world.url, "audit", "verify", "--json")
+    out = cli("--db", world.url, "audit", "verify", "--json")
     assert out.code == 6
     assert out.json()["details"]["first_problem"]["position"] == 4
 

@@ -1,8 +1,8 @@
 """R6-R17 lifecycle model check: a hypothesis state machine against both real engines.
 
-Every example opens a fresh store (a new SQLite file, or the test's MariaDB
-database dropped and re-created) and drives it in random order through the
-public command service: lease acquire / release / expiry (a controllable
+Every example opens a fresh store (a copy of the worker's initialized template:
+a new SQLite file, or a MariaDB database emptied to init's rows) and drives it in
+random order through the public command service: lease acquire / release / expiry (a controllable
 clock, no sleeping), recovery by the next holder, install and advance
 candidates, activation of one or several packs in one append, clean and dirty
 failures, legacy import and adoption, local_path updates, whole releases with
@@ -51,7 +51,6 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from sqlalchemy.engine import make_url
 
 from domain.classifier import ACTIVATED, LEGACY, PREPARING, REMOVABLE, Condition, classify
 from domain.errors import Conflict, InvalidInput, LedgerError, LifecycleRejected, Missing, Stale
@@ -64,12 +63,11 @@ from ledger.commands.publishing import read_catalog_in_force
 from ledger.commands.service import CommandService, LeaseHandle
 from ledger.log.db import Database, open_database
 from ledger.sources.resolve import ResolvedPack, resolve_packs
-from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
 from projections.reader import CatalogReader
-from tests.conftest import Server
 from tests.support.gitrepo import Repo, manifest, official
 from tests.support.lifecycle_support import content
+from tests.support.stores import MariaDBStores, SqliteTemplate
 
 T = TypeVar("T")
 C = Condition
@@ -196,24 +194,36 @@ def binding_json(i: Ident) -> dict[str, Any]:
 
 
 class Engine:
-    """A fresh, initialized store per example on the test's engine."""
+    """A fresh, initialized store per example on the test's engine: a copy of the worker's
+    template store (``tests/support/stores.py``), in exactly the state ``init`` leaves."""
 
-    def __init__(self, url: str, tmp: Path) -> None:
+    def __init__(
+        self, url: str, tmp: Path, template: SqliteTemplate | None, stores: MariaDBStores | None
+    ) -> None:
         self.url = url
         self.tmp = tmp
         self.sqlite = url.startswith("sqlite")
+        self.template = template
+        self.stores = stores
+        self.current: str | None = None
         self.count = 0
 
     def fresh(self) -> str:
         self.count += 1
         if self.sqlite:
-            return f"sqlite:///{self.tmp / f'model-{self.count}.db'}"
-        name = make_url(self.url).database
-        assert name and name.startswith("cl_"), name  # only the fixture's own database
-        with Server(self.url).connect() as conn, conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {name}")
-            cur.execute(f"CREATE DATABASE {name}")
-        return self.url
+            assert self.template is not None
+            path = self.tmp / f"model-{self.count}.db"
+            self.template.copy_to(path)
+            return f"sqlite:///{path}"
+        assert self.stores is not None
+        self.close()  # the previous example's database is emptied for this one
+        self.current = self.stores.take()
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None and self.stores is not None:
+            self.stores.give_back(self.current)
+        self.current = None
 
 
 class Store:
@@ -226,8 +236,6 @@ class Store:
         for writer in WRITERS:
             db = open_database(url)
             self.dbs.append(db)
-            if writer == WRITERS[0]:
-                init_store(db)
             self.services[writer] = CommandService(
                 Ledger(db),
                 holder=holder(writer),
@@ -1453,8 +1461,16 @@ def run_model(harness: Harness, *, examples: int, steps: int) -> Stats:
 
 
 @pytest.fixture
-def harness(engine_url: str, tmp_path: Path) -> Iterator[Harness]:
-    yield Harness(Engine(engine_url, tmp_path), Sources(tmp_path / "content"))
+def harness(engine_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Harness]:
+    sqlite = engine_url.startswith("sqlite")
+    engine = Engine(
+        engine_url,
+        tmp_path,
+        request.getfixturevalue("sqlite_template") if sqlite else None,
+        None if sqlite else request.getfixturevalue("mariadb_stores"),
+    )
+    yield Harness(engine, Sources(tmp_path / "content"))
+    engine.close()
 
 
 def test_r6_r17_lifecycle_model_agrees_with_the_store(harness: Harness) -> None:

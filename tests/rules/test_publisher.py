@@ -198,18 +198,18 @@ def test_r5_binding_to_a_local_path_pack_fails_closed(world: World) -> None:
 def test_r16_apply_json_reports_bindings_and_revision(world: World) -> None:
     c1 = world.release({"sales/pack.json": sales()})
     path = world.manifest([world.official("sales", c1)], full("integration:a"))
-    from tests.support.cli_support import run_cli
+    from tests.support.cli_inprocess import cli
 
-    out = run_cli("--db", world.url, "apply", str(path), "--json")
+    out = cli("--db", world.url, "apply", str(path), "--json")
     assert out.code == 0, out.stdout + out.stderr
     doc = out.json()
     assert len(doc["bindings"]["granted"]) == 3
     assert doc["catalog"]["revision"] == 1 and len(doc["catalog"]["content_digest"]) == 64
     path2 = world.manifest([world.official("sales", c1)], [*full("integration:a")[:2]])
-    rejected = run_cli("--db", world.url, "apply", str(path2), "--json")
+    rejected = cli("--db", world.url, "apply", str(path2), "--json")
     assert rejected.code == 5 and rejected.json()["error"] == "LIFECYCLE"
     path3 = world.manifest([world.official("sales", c1)], [])
-    revoked = run_cli("--db", world.url, "apply", str(path3), "--json").json()
+    revoked = cli("--db", world.url, "apply", str(path3), "--json").json()
     assert len(revoked["bindings"]["revoked"]) == 3
     assert revoked["catalog"]["revision"] == 2 and revoked["catalog"]["counts"]["grants"] == 0
 

@@ -21,6 +21,7 @@ off, the same sweep finds a violation — the checks are each needed, and the te
 
 from __future__ import annotations
 
+import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from projections.registry import ALL_PROJECTIONS
 from tests.conftest import Server
 from tests.support.cli_inprocess import cli_json
 from tests.support.lifecycle_support import World
+from tests.support.stores import Shape, shape_of
 
 #: Four more audiences bound to beta only, so that a change to alpha touches few enough
 #: audiences for the incremental publication (which keeps fragments) to run.
@@ -326,10 +328,16 @@ def apply_edit(url: str, edit: Edit) -> None:
 
 
 class Copies:
-    """Fresh copies of the base store, one per command run."""
+    """Fresh copies of the base store, one per command run.
+
+    On MariaDB a copy is made once with DDL (its tables and views); afterwards the same
+    database is refilled from the base with DML only (every table emptied and copied
+    again), unless a command changed its schema: then it is dropped and made afresh."""
 
     def __init__(self, base_url: str, tmp: Path, server: Server | None) -> None:
         self.base, self.tmp, self.server, self.n = base_url, tmp, server, 0
+        self.spare: str | None = None
+        self.shape: Shape | None = None
 
     @property
     def sqlite(self) -> bool:
@@ -348,9 +356,49 @@ class Copies:
             for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
                 leftover.unlink(missing_ok=True)
             return
-        with self.server.scratch() as url:
-            _copy_database(self.server, self.base, url)
-            yield url
+        if self.spare is None:
+            name = "cl_" + secrets.token_hex(5)
+            with self.server.connect() as conn, conn.cursor() as cur:
+                cur.execute(f"CREATE DATABASE {name}")
+            self.spare = self.server.database_url(name)
+            _copy_database(self.server, self.base, self.spare)
+            if self.shape is None:
+                with self.server.connect(name) as conn:
+                    self.shape = shape_of(conn, name)
+        else:
+            _refill_database(self.server, self.base, self.spare)
+        url = self.spare
+        yield url
+        name = str(sa.make_url(url).database)
+        with self.server.connect(name) as conn:
+            changed = shape_of(conn, name) != self.shape
+        if changed:
+            self.close()
+
+    def close(self) -> None:
+        """Drop the MariaDB copy."""
+        if self.server is not None and self.spare is not None:
+            name = sa.make_url(self.spare).database
+            with self.server.connect() as conn, conn.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS {name}")
+        self.spare = None
+
+
+def _refill_database(server: Server, source: str, target: str) -> None:
+    """The copy's every table emptied and filled from the base again (DML only)."""
+    src, dst = sa.make_url(source).database, sa.make_url(target).database
+    conn = server.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION foreign_key_checks = 0")
+            cur.execute(f"SHOW FULL TABLES FROM `{src}`")
+            for name, kind in cur.fetchall():
+                if kind == "BASE TABLE":
+                    cur.execute(f"DELETE FROM `{dst}`.`{name}`")
+                    cur.execute(f"INSERT INTO `{dst}`.`{name}` SELECT * FROM `{src}`.`{name}`")
+        conn.commit()
+    finally:
+        conn.close()
 
 
 def _copy_database(server: Server, source: str, target: str) -> None:
@@ -458,8 +506,11 @@ def mariadb_base(
         base = _build(tmp, url)
         base.world.close()
         copies = Copies(url, tmp, mysql_server)
-        _prepare(base, copies)
-        yield base, copies
+        try:
+            _prepare(base, copies)
+            yield base, copies
+        finally:
+            copies.close()
 
 
 #: Cells whose bytes are what a runtime is served or a digest commits: every edit of

@@ -17,6 +17,7 @@ from ledger.sources.resolve import ResolvedPack, resolve_packs
 from ledger.store.init import init_store
 from ledger.store.runtime import Ledger
 from tests.support.gitrepo import Repo, manifest, official, push_pack
+from tests.support.stores import INITIALIZED
 
 
 def content(name: str, version: int, category: str = "app", **extra: Any) -> bytes:
@@ -27,15 +28,11 @@ def content(name: str, version: int, category: str = "app", **extra: Any) -> byt
 class World:
     """One store + one git repository + helpers to drive the command service."""
 
-    def __init__(
-        self, tmp: Path, url: str, *, initialized: bool = False, **service_options: Any
-    ) -> None:
-        """``initialized``: the store is already in the state ``init`` leaves (a copy of a
-        template store, tests/support/stores.py), so ``init`` is not run again."""
+    def __init__(self, tmp: Path, url: str, **service_options: Any) -> None:
         self.tmp = tmp
         self.url = url
         self.db: Database = open_database(url)
-        if not initialized:
+        if url not in INITIALIZED:  # else a copy of a template store (tests/support/stores.py)
             init_store(self.db)
         self.ledger = Ledger(self.db)
         options = {"lease_wait": 10.0, **service_options}

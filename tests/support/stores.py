@@ -31,6 +31,10 @@ from ledger.store.init import init_store
 
 Shape = tuple[tuple[Any, ...], ...]
 
+#: Store URLs handed out already initialized: ``World`` and the ``db`` fixture skip
+#: ``init`` on them.
+INITIALIZED: set[str] = set()
+
 #: The schema as the server describes it; a test that changed any of it (DDL) leaves a
 #: database that is not reused.
 SHAPE_QUERIES = (
@@ -103,7 +107,7 @@ class MariaDBStores:
         initialize(url)
         if self.shape is None:
             with self.connect(name) as conn:
-                self.shape = _shape(conn, name)
+                self.shape = shape_of(conn, name)
                 self.rows = _rows(conn)
         return url
 
@@ -112,7 +116,7 @@ class MariaDBStores:
         name = url.rsplit("/", 1)[1].split("?", 1)[0]
         try:
             with self.connect(name) as conn:
-                if _shape(conn, name) != self.shape:
+                if shape_of(conn, name) != self.shape:
                     raise _Changed
                 self._reset(conn)
         except Exception:
@@ -153,7 +157,7 @@ class _Changed(Exception):
     """The test changed the database's schema: it is not reused."""
 
 
-def _shape(conn: pymysql.connections.Connection[Any], name: str) -> Shape:
+def shape_of(conn: pymysql.connections.Connection[Any], name: str) -> Shape:
     """The schema, with the database's own name (views name it) taken out."""
     with conn.cursor() as cur:
         out: list[tuple[Any, ...]] = []
