@@ -4,11 +4,14 @@ A projection declares a name, a code version, its tables and the event types it
 consumes, and implements ``apply(event, rows)`` against a ``RowStore``
 (``projections.rows``).
 
-A rebuild from position 0 runs each view's ``Replayer`` (``Projection.replayer``):
-a kernel that turns decoded events straight into row tuples, bulk-written as the
-next view version. ``apply`` stays the definition: a kernel that raises is
-replaced by ``apply`` for that view, and ``projections verify`` compares what a
-kernel built with a replay through ``apply`` (R20, R21).
+A rebuild from position 0 runs each view's ``Replayer`` (``Projection.replayer``,
+written beside the view's ``apply`` in ``projections.views``): a kernel that turns
+decoded events straight into row tuples, bulk-written as the next view version.
+``apply`` stays the definition: a kernel that raises is replaced by ``apply`` for
+that view; before the swap the new version is checked against what the log commits
+(``projections.log_commitments``, R28); ``projections verify`` compares what a kernel
+built with a replay through ``apply`` (R20, R21); and ``tests/test_r28_rebuild_kernels``
+proves each kernel's rows equal ``apply``'s over random streams.
 
 Blue/green without DDL: every physical view table has a leading
 ``view_version`` key column. ``projection_state`` names the live version of

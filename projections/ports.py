@@ -7,12 +7,14 @@ write transactions on the store's database). Dependencies therefore point inward
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
+from uuid import UUID
 
 from sqlalchemy.engine import Connection
 
+from domain.event_types import Decoded
 from domain.log import LoggedEvent
 
 #: Called with (position reached, position to reach) while a replay runs.
@@ -52,6 +54,10 @@ class LogSource(Protocol):
     def head_in(self, conn: Connection) -> HeadLike: ...
 
     def lock_head(self, conn: Connection) -> HeadLike: ...
+
+    def last_events(self, conn: Connection, aggregates: Iterable[UUID]) -> Mapping[UUID, Decoded]:
+        """The last event of each of ``aggregates`` that has any (one index seek each)."""
+        ...
 
 
 class Transactions(Protocol):

@@ -3,7 +3,9 @@
 The next version is replayed from position 0 up to the head read at the start
 (``projections.replay``), beside the live one; the swap applies the events appended
 meanwhile and moves ``projection_state`` to the new version in one transaction. The
-log's chain check runs beside the build: if it fails, nothing is swapped in.
+log's chain check runs beside the build, and the new versions are checked against what
+the log commits before the swap commits (``projections.log_commitments``, R28): if either
+fails, nothing is swapped in.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypedDict
 
-from domain.errors import Conflict, InvalidInput
+from domain.errors import Conflict, IntegrityFailure, InvalidInput
 from projections.apply import advance, chain_at, rows_between
 from projections.framework import Projection
+from projections.log_commitments import check_built
 from projections.ports import GroupBuilder, LogSource, Progress, Transactions
 from projections.replay import build_versions, drop_versions
 from projections.state import ProjectionState, load_states, save_state
@@ -108,7 +111,17 @@ def rebuild(
             field="name",
             errors=errors,
         )
-    report = _swap(log_source, store, chosen, versions, head0)
+    try:
+        report = _swap(log_source, store, chosen, versions, head0)
+    except IntegrityFailure:
+        # A rebuilt version the log contradicts (R28) never goes live: the swap's
+        # transaction rolled back, and the versions it built are dropped.
+        _abandon(store, chosen, versions)
+        log.info(
+            "rebuild refused: a rebuilt view does not match the log; nothing swapped",
+            extra={"views": [p.name for p in chosen], "head": head0},
+        )
+        raise
     log.info(
         "rebuild swapped",
         extra={
@@ -180,6 +193,16 @@ def _swap(
                 "replayed": head0,
                 "tail": len(tail),
             }
+        # Before the commit that swaps: the new versions against what the log commits.
+        check_built(
+            log_source,
+            conn,
+            chosen,
+            {
+                **{name: st.live_version for name, st in states.items()},
+                **{name: nxt for name, (_live, nxt) in versions.items()},
+            },
+        )
     for p in chosen:
         drop_versions(store, p, keep=versions[p.name][1])
     return report
