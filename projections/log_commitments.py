@@ -1,32 +1,32 @@
-"""A rebuilt version checked against what the log commits, before it is swapped in (R28).
+"""Rebuilt versions checked against what the log commits, before they go live (R28).
 
 A rebuild replays each view through its kernel, an optimized transcription of the
 view's ``apply``. A kernel that raises is replaced by ``apply``; one that silently
 writes other rows would go live unless something independent of it disagrees. This
-module is that something: inside the swap transaction (the head locked, the tail
-applied), the new versions are compared with the values the log itself carries, read
-with one index seek per aggregate, never through a view:
+module is that something: the new versions are compared with the values the log
+itself carries, never read through a view:
 
-* **activations**: each pack's activation pointer row is its pointer aggregate's last
-  event (install id, epoch, revision, payload hash, position), and no pack the log has
-  no live pointer for has one; the generation a live pointer selects has the status,
-  epoch and applied payload hash of that generation's last event (R13);
-* **the revision's counts**: the catalog's head revision row is the last
-  ``catalog.published`` event (revision, content digest, the four counts), and the rows
-  in force are as many activations, grants, facts and audiences as those counts say;
-* **audience digests**: every audience's digest in force is the one its last
-  ``audience_view.published`` event (format v2) or the lineage's revision events
-  (format v1) committed.
+* **activations** (``Commitments``): while the replay scans the log, the pointer events
+  it decodes anyway are also folded here (one dictionary write each, none of the
+  kernels' code); before a single row is written, each pack's pointer row must be its
+  last pointer event (install id, epoch, revision, payload hash, position; no row after
+  a removal). In memory, in the process that built the rows.
+* **the revision's counts** and **audience digests** (``check_built``): inside the
+  swap transaction (head locked, tail applied), the catalog's head revision row is the
+  last ``catalog.published`` event (revision, content digest, the four counts), the
+  rows in force are as many activations, grants, facts and audiences as those counts
+  say, and every audience digest in force is the one its last ``audience_view.published``
+  event (format v2) or the lineage's revision events (format v1) committed: one index
+  seek per aggregate and four counts.
 
-A difference raises ``IntegrityFailure`` naming the view, table and key: the swap's
-transaction rolls back and the rebuild is abandoned; the live views stay. Cost: one
-seek per pack (two for official packs) and per audience, and four counts; the replay
-itself is untouched.
+A difference raises ``IntegrityFailure`` (rule R28) naming the view, table and key:
+nothing is swapped in, the versions built are dropped, and the live views stay.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -35,20 +35,15 @@ from sqlalchemy.engine import Connection
 from domain.catalog import catalog_id, published_view_id
 from domain.errors import IntegrityFailure
 from domain.event_types import (
-    T_ACTIVATED,
-    T_FAILED,
-    T_PREPARED,
     T_PUBLISHED,
     T_REMOVED,
-    T_RETIRED,
     T_VIEW_PUBLISHED,
     Decoded,
     decode_state,
 )
-from domain.lifecycle import activation_id, generation_id
-from projections.framework import Projection, stored_topics
+from projections.framework import Handler, Projection, Replayer, stored_topics
 from projections.ports import LogSource
-from projections.tables import ViewTable
+from projections.tables import Key, RowTuple, ViewTable
 from projections.views.catalog import (
     CATALOG_ACTIVATION,
     CATALOG_AUDIENCE,
@@ -57,9 +52,7 @@ from projections.views.catalog import (
     OPEN,
     CatalogView,
 )
-from projections.views.cells import ACTIVE, FAILED_CLEAN, FAILED_DIRTY, PREPARING, RETIRED
 from projections.views.pack_activation import PACK_ACTIVATION, PackActivationView
-from projections.views.pack_generation import PACK_GENERATION, PackGenerationView
 
 
 def check_built(
@@ -68,28 +61,18 @@ def check_built(
     chosen: Sequence[Projection],
     versions: Mapping[str, int],
 ) -> None:
-    """Compare the versions ``versions`` (view name -> version) of the ``chosen`` views
-    with what the log commits at its head; ``versions`` also names the live version of
-    the views they are read beside. Raises ``IntegrityFailure`` at the first difference."""
-    names = {p.name for p in chosen}
-    if names & {PackActivationView.name, PackGenerationView.name}:
-        _check_pointers(
-            log_source,
-            conn,
-            versions.get(PackActivationView.name) if PackActivationView.name in names else None,
-            versions.get(PackGenerationView.name),
-            check_generations=PackGenerationView.name in names,
-        )
-    if CatalogView.name in names:
+    """Inside the swap transaction: compare the new version (``versions``: view name ->
+    version) of the catalog, if chosen, with what the log commits at its head. Raises
+    ``IntegrityFailure`` at the first difference."""
+    if CatalogView.name in {p.name for p in chosen}:
         _check_catalog(log_source, conn, versions[CatalogView.name])
 
 
 def _differs(view: str, table: ViewTable, key: dict[str, Any], problem: str) -> IntegrityFailure:
     return IntegrityFailure(
         f"the rebuilt view {view} does not match the log: {table.name} {key} {problem}; "
-        "nothing was swapped in and the live views are untouched (a rebuild kernel "
-        "disagrees with its view's apply: `catalog-ledger projections verify` after a "
-        "rebuild with that view's kernel fixed)",
+        "nothing was swapped in and the live views are untouched (the view's rebuild "
+        "code disagrees with what the log commits: a defect of this program's view code)",
         rule="R28",
         view=view,
         table=table.physical.name,
@@ -107,119 +90,97 @@ def _text(value: Any) -> str | None:
     return None if value is None else bytes(value).decode(errors="replace")
 
 
-# -- activations ---------------------------------------------------------------------------
+# -- activations: gathered in the replay's own scan ---------------------------------------------
 
 
-def _check_pointers(
-    log_source: LogSource,
-    conn: Connection,
-    activation_version: int | None,
-    generation_version: int | None,
-    *,
-    check_generations: bool,
+class Commitments:
+    """What the log commits about each pack's activation pointer, gathered from the
+    events the replay decodes anyway (``handlers``, dispatched beside the kernels; none
+    of the kernels' code), then compared with the rows the kernel built, in memory,
+    before anything is written (``check``): each pack's pointer row is its last pointer
+    event (install id, epoch, revision, payload hash, position), and a pack whose last
+    pointer event is a removal has no row."""
+
+    def __init__(self, names: Collection[str]) -> None:
+        self.pointers: dict[str, tuple[int, str, dict[str, Any]]] = {}
+        self.handlers: dict[str, Handler] = {}
+        #: The views whose rows this checks (the pointer view, when it is rebuilt).
+        self.views = {PackActivationView.name} & set(names)
+        if self.views:
+            for name in PackActivationView.types:
+                self.handlers[name] = self._pointer(name)
+
+    def _pointer(self, name: str) -> Handler:
+        pointers = self.pointers
+
+        def moved(position: int, d: dict[str, Any]) -> None:
+            pack = d.get("pack")
+            if type(pack) is str:  # else apply names a poison event
+                pointers[pack] = (position, name, d)
+
+        return moved
+
+    def check(self, built: Mapping[str, Replayer]) -> None:
+        """Raise ``IntegrityFailure`` at the first built row the log contradicts."""
+        if PackActivationView.name in self.views and PackActivationView.name in built:
+            self._check_pointers(built[PackActivationView.name])
+
+    def _check_pointers(self, kernel: Replayer) -> None:
+        rows = _built(kernel, PACK_ACTIVATION)
+        want: dict[Key, tuple[Any, ...]] = {}
+        for pack, (position, name, d) in self.pointers.items():
+            if name != T_REMOVED:
+                want[(_enc(pack),)] = (
+                    _enc(d.get("install_id")),
+                    d.get("epoch"),
+                    _enc(d.get("revision")),
+                    _enc(d.get("payload_hash")),
+                    position,
+                )
+        cells = _cells(
+            PACK_ACTIVATION, "install_id", "epoch", "revision", "payload_hash", "position"
+        )
+        have = {key: cells(row) for key, row in rows.items()}
+        _compare(PackActivationView.name, PACK_ACTIVATION, ("pack",), have, want)
+
+
+def _enc(value: Any) -> Any:
+    return value.encode() if isinstance(value, str) else value
+
+
+def _built(kernel: Replayer, table: ViewTable) -> Mapping[Key, RowTuple]:
+    for found, rows in kernel.tables():
+        if found.name == table.name:
+            return rows
+    return {}
+
+
+def _cells(table: ViewTable, *columns: str) -> Callable[[RowTuple], tuple[Any, ...]]:
+    """The cells ``columns`` of a built row tuple (``view_version`` first, then the
+    table's columns), as a tuple."""
+    get = itemgetter(*(1 + table.columns.index(c) for c in columns))
+    return lambda row: tuple(get(row))
+
+
+def _compare(
+    view: str,
+    table: ViewTable,
+    key_names: tuple[str, ...],
+    have: Mapping[Key, tuple[Any, ...]],
+    want: Mapping[Key, tuple[Any, ...]],
 ) -> None:
-    """Activation rows against each pointer's last event; the selected generations'
-    rows against their own last events (R13)."""
-    pointers: dict[str, Any] = {}
-    if activation_version is not None:
-        pointers = {
-            _text(r.pack) or "": r for r in _rows(conn, PACK_ACTIVATION, activation_version)
-        }
-    packs = set(pointers)
-    if generation_version is not None:
-        gen = PACK_GENERATION.physical
-        packs.update(
-            _text(pack) or ""
-            for (pack,) in conn.execute(
-                sa.select(gen.c.pack).where(gen.c.view_version == generation_version).distinct()
-            )
-        )
-    last = log_source.last_events(conn, [activation_id(p) for p in sorted(packs)])
-    selected: dict[str, Decoded] = {}
-    for pack in sorted(packs):
-        event = last.get(activation_id(pack))
-        if event is not None and event.type not in PackActivationView.types:
-            continue  # not a pointer move: the view keeps what the last one wrote
-        live = event is not None and event.type != T_REMOVED
-        if live:
-            assert event is not None
-            selected[pack] = event
-        if activation_version is None:
-            continue
-        row = pointers.get(pack)
-        if row is None and not live:
-            continue
-        key = {"pack": pack}
-        if row is None or not live:
-            problem = "has no row for a live pointer" if row is None else "has a row"
-            if row is not None:
-                problem += " for a pack whose pointer selects nothing"
-            raise _differs(PackActivationView.name, PACK_ACTIVATION, key, problem)
-        assert event is not None
-        d = event.data
-        want = (d.get("install_id"), d.get("epoch"), d.get("revision"), d.get("payload_hash"))
-        have = (_text(row.install_id), row.epoch, _text(row.revision), _text(row.payload_hash))
-        if have != want or row.position != event.position:
-            raise _differs(
-                PackActivationView.name,
-                PACK_ACTIVATION,
-                key,
-                f"is {have} at position {row.position}; the pointer's last event "
-                f"(position {event.position}) has {want}",
-            )
-    if check_generations and generation_version is not None and selected:
-        _check_selected_generations(log_source, conn, generation_version, selected)
-
-
-#: A generation's status after its last event (``failed`` depends on ``dirty``).
-_STATUS = {T_PREPARED: PREPARING, T_ACTIVATED: ACTIVE, T_RETIRED: RETIRED}
-
-
-def _check_selected_generations(
-    log_source: LogSource, conn: Connection, version: int, selected: Mapping[str, Decoded]
-) -> None:
-    wanted = {
-        (pack, str(event.data.get("install_id"))): generation_id(
-            pack, str(event.data.get("install_id"))
-        )
-        for pack, event in selected.items()
-    }
-    last = log_source.last_events(conn, list(wanted.values()))
-    gen = PACK_GENERATION.physical
-    rows: dict[tuple[str, str], Any] = {}
-    keys = sorted(wanted)
-    for start in range(0, len(keys), 500):
-        chunk = [(p.encode(), i.encode()) for p, i in keys[start : start + 500]]
-        for r in _rows(
-            conn, PACK_GENERATION, version, sa.tuple_(gen.c.pack, gen.c.install_id).in_(chunk)
-        ):
-            rows[(_text(r.pack) or "", _text(r.install_id) or "")] = r
-    for ident in keys:
-        event = last.get(wanted[ident])
-        if event is None or event.type not in PackGenerationView.types:
-            continue  # the log's own inconsistency (R13) is the reader's to report
-        row = rows.get(ident)
-        key = {"pack": ident[0], "install_id": ident[1]}
-        if row is None:
-            raise _differs(
-                PackGenerationView.name, PACK_GENERATION, key, "has no row for the generation"
-            )
-        d = event.data
-        status = (
-            (FAILED_DIRTY if d.get("dirty") else FAILED_CLEAN)
-            if event.type == T_FAILED
-            else _STATUS[event.type]
-        )
-        problem = None
-        if bytes(row.status) != status:
-            problem = f"has status {_text(row.status)}; the generation's last event is {event.type}"
-        elif event.type == T_ACTIVATED and (
-            row.epoch != d.get("epoch")
-            or _text(row.applied_payload_hash) != d.get("applied_payload_hash")
-        ):
-            problem = "has another epoch or applied payload hash than its activation event"
-        if problem is not None:
-            raise _differs(PackGenerationView.name, PACK_GENERATION, key, problem)
+    if have == want:
+        return
+    for key in sorted(set(have) | set(want), key=repr):
+        if have.get(key) != want.get(key):
+            shown = {k: _text(v) for k, v in zip(key_names, key, strict=True)}
+            if key not in have:
+                problem = "has no row the log commits"
+            elif key not in want:
+                problem = "has a row the log does not commit"
+            else:
+                problem = f"holds {have[key]}; the log commits {want[key]}"
+            raise _differs(view, table, shown, problem)
 
 
 # -- the revision's counts and the audience digests ---------------------------------------------

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from domain.errors import Conflict, IntegrityFailure, InvalidInput
 from projections.apply import advance, chain_at, rows_between
@@ -84,14 +84,24 @@ def rebuild(
 
     checker = threading.Thread(target=run_check, name="rebuild-chain-check")
     checker.start()
+    errors: dict[str, dict[str, Any]] = {}
     try:
         groups = _groups(chosen, workers)
         if builder is not None and len(groups) > 1:
             errors = builder([[p.name for p in g] for g in groups], versions, head0, progress)
         else:
             errors = build_versions(log_source, store, chosen, versions, head0, progress)
+    except IntegrityFailure as exc:  # R28: a kernel's rows the log contradicts
+        checked.setdefault("refused", exc)
     finally:
         checker.join()
+    if "refused" in checked and "error" not in checked:
+        _abandon(store, chosen, versions)
+        log.info(
+            "rebuild refused: a rebuilt view does not match the log; nothing swapped",
+            extra={"views": [p.name for p in chosen], "head": head0},
+        )
+        raise checked["refused"]
     if "error" in checked:
         _abandon(store, chosen, versions)
         # The error itself is the command's outcome (one message, INTEGRITY): logged

@@ -16,6 +16,7 @@ import orjson
 
 from domain.event_types import EVENT_TYPES, StoredType, decode_state
 from projections.framework import GenericReplayer, Projection, Replayer, ViewEvent, stored_topics
+from projections.log_commitments import Commitments
 from projections.ports import LogSource, Progress, Transactions
 from projections.rows import MemoryRowStore, write_tuples
 from projections.tables import Key, RowTuple, ViewTable
@@ -32,7 +33,7 @@ def build_versions(
     head0: int,
     progress: Progress | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Replay ``names`` up to ``head0`` in memory and write them as their next version.
+    """Replay ``chosen`` up to ``head0`` in memory and write them as their next version.
 
     Each view replays through its rebuild kernel (``Projection.replayer``); a view
     whose kernel raises is replayed again through ``apply``, which names the
@@ -43,8 +44,11 @@ def build_versions(
     # over and over; view rows contain no reference cycles.
     collector_was_enabled = gc.isenabled()
     gc.disable()
+    commitments = Commitments([p.name for p in chosen])
     try:
-        built, errors = replay_kernels(log_source, store, chosen, versions, head0, progress)
+        built, errors = replay_kernels(
+            log_source, store, chosen, versions, head0, progress, commitments
+        )
     finally:
         if collector_was_enabled:
             gc.enable()
@@ -52,6 +56,7 @@ def build_versions(
         progress(head0, head0)
     if errors:
         return errors
+    commitments.check(built)  # R28: nothing the log contradicts is ever written
     for p in chosen:
         for table, rows in built[p.name].tables():
             write_table(store, table, rows)
@@ -65,6 +70,7 @@ def replay_kernels(
     versions: dict[str, tuple[int, int]],
     head0: int,
     progress: Progress | None,
+    commitments: Commitments | None = None,
 ) -> tuple[dict[str, Replayer], dict[str, dict[str, Any]]]:
     """One scan of the log for every view in ``chosen``, each through its kernel.
 
@@ -88,6 +94,9 @@ def replay_kernels(
                 for p in projections
                 if p.name not in failed
             )
+            fold = commitments.handlers.get(stored.type.name) if commitments else None
+            if fold is not None:  # what the log commits, folded beside the kernels (R28)
+                handlers = (*handlers, ("", fold))
             table[topic] = (None if current else stored, handlers)
         return table
 

@@ -11,9 +11,10 @@ from a SQLite file and must be identical, or both must stop at the same poison e
 One example runs on MariaDB, where identity keys (case, normalization) meet a
 server collation.
 
-``rebuild`` then checks what it built against what the log commits before the swap:
-a kernel that silently writes other rows (monkeypatched here, never the database)
-makes the rebuild fail INTEGRITY and leaves the live views as they were.
+``rebuild`` then checks what it built against what the log commits before the swap
+(activations, audience digests, the revision's counts): a kernel that silently writes
+other rows (monkeypatched here, never the database) makes the rebuild fail INTEGRITY
+and leaves the live views as they were.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from domain.event_types import (
     T_LOCAL_REMOVED,
     T_LOCAL_UPDATED,
     T_PREPARED,
+    T_PUBLISHED,
     T_REBOUND,
     T_RECORDED,
     T_REINSTALLED,
@@ -54,6 +56,7 @@ from domain.event_types import (
     T_RETIRED,
     T_REVOKED,
     T_STARTED,
+    T_VIEW_PUBLISHED,
 )
 from domain.log import LoggedEvent
 from ledger.log.db import Database, open_database
@@ -64,8 +67,8 @@ from projections.registry import ALL_PROJECTIONS
 from projections.replay import replay_kernels, write_table
 from projections.rows import SqlRowStore, read_version_rows
 from projections.state import load_states
+from projections.views.catalog import CatalogView
 from projections.views.pack_activation import PackActivationView
-from projections.views.pack_generation import PackGenerationView
 from tests.lifecycle_support import World
 
 #: The views whose rebuild runs a kernel of its own (the others replay ``apply``).
@@ -395,8 +398,8 @@ def test_r28_binding_kernel_keeps_identity_variants_apart_on_mariadb(mysql_url: 
 # -- the check before the swap ------------------------------------------------------------------
 
 
-def _wrong_epoch(view: type[Projection], types: Sequence[str]) -> Any:
-    """``view``'s kernel with its handlers of ``types`` writing epoch + 1."""
+def _diverging(view: type[Projection], types: Sequence[str], change: Any) -> Any:
+    """``view``'s kernel with its handlers of ``types`` seeing ``change(state)`` instead."""
     original = view.replayer
 
     def replayer(self: Projection, view_version: int) -> Any:
@@ -405,12 +408,38 @@ def _wrong_epoch(view: type[Projection], types: Sequence[str]) -> Any:
             handler = kernel.handlers[name]
 
             def wrong(position: int, d: dict[str, Any], handler: Any = handler) -> None:
-                handler(position, {**d, "epoch": d["epoch"] + 1})
+                handler(position, change(d))
 
             kernel.handlers[name] = wrong
         return kernel
 
     return replayer
+
+
+def _bindings(pack: str, audience: str) -> list[dict[str, Any]]:
+    """A pack's push contract and the callout profile it requires, bound to ``audience``."""
+    return [
+        {"audience": audience, "pack": pack, "kind": "push_contract", "key": "Order.push"},
+        {
+            "audience": audience,
+            "pack": pack,
+            "kind": "callout_profile",
+            "key": "erp",
+            "credential_set": "erp-prod",
+        },
+    ]
+
+
+def _epoch_plus_one(d: dict[str, Any]) -> dict[str, Any]:
+    return {**d, "epoch": d["epoch"] + 1}
+
+
+def _other_digest(d: dict[str, Any]) -> dict[str, Any]:
+    return {**d, "digest": "0" * 64}
+
+
+def _one_more_grant(d: dict[str, Any]) -> dict[str, Any]:
+    return {**d, "counts": {**d["counts"], "grants": d["counts"]["grants"] + 1}}
 
 
 def _physical_versions(db: Database) -> dict[str, set[int]]:
@@ -425,22 +454,36 @@ def _physical_versions(db: Database) -> dict[str, set[int]]:
 
 
 @pytest.mark.parametrize(
-    ("view", "types"),
+    ("view", "types", "change"),
     [
-        (PackActivationView, [T_STARTED, T_ADVANCED]),
-        (PackGenerationView, [T_ACTIVATED]),
+        (PackActivationView, [T_STARTED, T_ADVANCED], _epoch_plus_one),
+        (CatalogView, [T_VIEW_PUBLISHED], _other_digest),
+        (CatalogView, [T_PUBLISHED], _one_more_grant),
     ],
-    ids=["pack_activation", "pack_generation"],
+    ids=["activations", "audience-digests", "revision-counts"],
 )
 def test_r28_rebuild_refuses_a_diverging_kernel_and_swaps_nothing(
     world: World,
     monkeypatch: pytest.MonkeyPatch,
     view: type[Projection],
     types: list[str],
+    change: Any,
 ) -> None:
-    sales = world.commit("sales", 1)
-    world.apply(world.official("sales", sales), world.official("core", world.commit("core", 1)))
-    world.apply(world.official("sales", world.commit("sales", 2)))
+    """A kernel (the catalog's is ``apply`` itself: a diverging one is injected) whose
+    rows the log contradicts fails the rebuild INTEGRITY; nothing is swapped in."""
+    sales, core = world.commit("sales", 1), world.commit("core", 1)
+    world.service.apply(
+        world.manifest(
+            [world.official("sales", sales), world.official("core", core)],
+            _bindings("sales", "integration:a") + _bindings("core", "app:t"),
+        )
+    )
+    world.service.apply(
+        world.manifest(
+            [world.official("sales", world.commit("sales", 2)), world.official("core", core)],
+            _bindings("sales", "integration:a"),
+        )
+    )
     runner = world.ledger.runner
     runner.catch_up(world.db, "command_log")  # as a rebuild leaves it
     assert all(r.ok for r in runner.verify(world.db))
@@ -449,7 +492,7 @@ def test_r28_rebuild_refuses_a_diverging_kernel_and_swaps_nothing(
     before_versions = _physical_versions(world.db)
     before_rows = _live(world)
 
-    monkeypatch.setattr(view, "replayer", _wrong_epoch(view, types))
+    monkeypatch.setattr(view, "replayer", _diverging(view, types, change))
     with pytest.raises(IntegrityFailure) as refused:
         runner.rebuild(world.db)
     assert refused.value.details["rule"] == "R28"
