@@ -20,8 +20,7 @@ the log once the chain verifies).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +30,10 @@ from sqlalchemy.engine import Connection
 from domain.errors import IntegrityFailure
 from ledger.log import tables as log_tables
 from ledger.log.db import Database, translate_errors
-from ledger.log.sqltypes import enc
 from ledger.store import head as head_row
 from ledger.store import migrations
+from ledger.store.metadata import all_metadata
+from ledger.store.migrations import migration_lock
 
 _LOG_TABLES = frozenset(t.name for t in log_tables.metadata.sorted_tables)
 #: How ``doctor`` marks an older, known schema version: ``migrate`` resolves it.
@@ -62,8 +62,6 @@ class Difference:
 
 def declared_tables(version: int = log_tables.SCHEMA_VERSION) -> list[sa.Table]:
     """The tables a store at schema ``version`` has (later steps' tables omitted)."""
-    from ledger.store.init import all_metadata
-
     return [
         t
         for md in all_metadata()
@@ -329,8 +327,8 @@ def rebuild_lost_views(db: Database, tables: set[str], *, skip: Sequence[str] = 
     """Rebuild from the log every view one of whose ``tables`` was lost (and just
     recreated, empty): the names rebuilt. Views with no state yet get one first."""
     from ledger.store.runtime import Ledger
-    from projections.framework import state_table
     from projections.registry import ALL_PROJECTIONS
+    from projections.state import state_table
 
     names = [p.name for p in ALL_PROJECTIONS if any(t.physical.name in tables for t in p.tables)]
     states = {state_table.name} & tables  # every view's state row was lost with it
@@ -345,30 +343,3 @@ def rebuild_lost_views(db: Database, tables: set[str], *, skip: Sequence[str] = 
     if chosen and not empty:
         ledger.runner.rebuild(db, chosen)
     return chosen
-
-
-@contextmanager
-def migration_lock(db: Database) -> Iterator[Connection]:
-    """The migration lock: a locked row of the store's own meta table (R24).
-
-    ``GET_LOCK`` is refused under Galera; a row lock works on SQLite, MariaDB,
-    Galera and TiDB alike. MySQL-family DDL commits implicitly, so the lock is
-    held by its own transaction while the DDL runs on a second connection;
-    SQLite runs the DDL inside the locking (``BEGIN IMMEDIATE``) transaction.
-    """
-    meta, name = log_tables.meta, enc("migration_lock")
-    if db.is_sqlite:
-        with db.write() as conn:
-            yield conn
-        return
-    with db.engine.connect() as lock:
-        with lock.begin():
-            exists = lock.execute(sa.select(meta.c.name).where(meta.c.name == name)).first()
-            if exists is None:
-                with suppress(sa.exc.IntegrityError):
-                    lock.execute(meta.insert(), {"name": name, "value": b"free"})
-        with lock.begin():
-            lock.execute(sa.select(meta.c.value).where(meta.c.name == name).with_for_update())
-            with db.engine.connect() as ddl:
-                yield ddl
-                ddl.commit()

@@ -19,7 +19,8 @@ from domain.errors import InvalidInput
 from ledger.log import tables as schema
 from ledger.log.db import Database, translate_errors
 from ledger.log.sqltypes import enc
-from ledger.store import migrations
+from ledger.store import contract, migrations
+from ledger.store.metadata import all_metadata
 from ledger.store.runtime import Ledger
 from projections.registry import public_views
 
@@ -36,15 +37,6 @@ def _dialect(name: str) -> sa.engine.Dialect:
 
         return mysql.dialect()
     raise KeyError(name)
-
-
-def all_metadata() -> list[sa.MetaData]:
-    """Every table the store owns: the log first, then the projections, then the
-    publisher's derived fragments."""
-    from ledger.store.kept_fragments import metadata as caches
-    from projections.tables import metadata as views
-
-    return [schema.metadata, views, caches]
 
 
 def _tables() -> Iterator[sa.Table]:
@@ -83,8 +75,6 @@ class StoreInfo:
 
 def init_store(db: Database) -> StoreInfo:
     """Create the schema if missing (idempotent) and report engine and version."""
-    from ledger.store import contract
-
     with translate_errors():
         live = set(sa.inspect(db.engine).get_table_names())
         existed = bool({schema.head.name, schema.events.name} & live)

@@ -16,7 +16,8 @@ projection states of new views are created and those views built from the log.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -27,6 +28,7 @@ from domain.errors import IntegrityFailure, MigrationRequired
 from ledger.log import tables as log_tables
 from ledger.log.db import Database, translate_errors
 from ledger.log.sqltypes import dec, enc
+from ledger.store.metadata import all_metadata
 
 FIRST_VERSION = 1
 _VERSION_KEY = enc("schema_version")
@@ -47,8 +49,6 @@ def _creating(*names: str) -> Callable[[Connection], None]:
     """A step that creates the declared tables ``names`` (if missing)."""
 
     def run(conn: Connection) -> None:
-        from ledger.store.init import all_metadata
-
         for md in all_metadata():
             for table in md.sorted_tables:
                 if table.name in names:
@@ -173,8 +173,6 @@ def unknown_version(text: str) -> IntegrityFailure:
 
 def migrate(db: Database, *, dry_run: bool = False) -> MigrateResult:
     """Run every pending step under the migration lock (or list them, ``dry_run``)."""
-    from ledger.store.contract import migration_lock
-
     with translate_errors():
         with db.engine.connect() as conn:
             before, text = read_version(conn)
@@ -212,3 +210,30 @@ def migrate(db: Database, *, dry_run: bool = False) -> MigrateResult:
 
 def _applied(step: Step) -> AppliedStep:
     return {"version": step.version, "summary": step.summary}
+
+
+@contextmanager
+def migration_lock(db: Database) -> Iterator[Connection]:
+    """The migration lock: a locked row of the store's own meta table (R24).
+
+    ``GET_LOCK`` is refused under Galera; a row lock works on SQLite, MariaDB,
+    Galera and TiDB alike. MySQL-family DDL commits implicitly, so the lock is
+    held by its own transaction while the DDL runs on a second connection;
+    SQLite runs the DDL inside the locking (``BEGIN IMMEDIATE``) transaction.
+    """
+    meta, name = log_tables.meta, enc("migration_lock")
+    if db.is_sqlite:
+        with db.write() as conn:
+            yield conn
+        return
+    with db.engine.connect() as lock:
+        with lock.begin():
+            exists = lock.execute(sa.select(meta.c.name).where(meta.c.name == name)).first()
+            if exists is None:
+                with suppress(sa.exc.IntegrityError):
+                    lock.execute(meta.insert(), {"name": name, "value": b"free"})
+        with lock.begin():
+            lock.execute(sa.select(meta.c.value).where(meta.c.name == name).with_for_update())
+            with db.engine.connect() as ddl:
+                yield ddl
+                ddl.commit()

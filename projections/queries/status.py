@@ -19,12 +19,11 @@ from projections.lifecycle_views import (
     PackActivationView,
     PackGenerationView,
 )
+from projections.registry import ALL_PROJECTIONS
 
 
 def _code_versions() -> dict[str, int]:
-    """Each view's code version in this program (imported late: the registry imports us)."""
-    from projections.registry import ALL_PROJECTIONS
-
+    """Each view's code version in this program."""
     return {p.name: p.version for p in ALL_PROJECTIONS}
 
 

@@ -19,9 +19,10 @@ from domain.digests import aggregate_id
 from domain.errors import IntegrityFailure, InvalidInput
 from domain.matrix import Advance
 from ledger.log.db import Database
-from projections.framework import load_states, read_version_rows
 from projections.queries.status import pack_status
 from projections.registry import ALL_PROJECTIONS
+from projections.rows import read_version_rows
+from projections.state import load_states
 from tests.support.cli_inprocess import cli
 from tests.support.cli_support import run_cli
 from tests.support.history import bulk_history

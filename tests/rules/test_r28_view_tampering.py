@@ -40,9 +40,10 @@ from ledger.log.db import open_database
 from ledger.store import kept_fragments
 from ledger.store.runtime import Ledger
 from projections import checks
-from projections.framework import state_table
-from projections.reader import CatalogReader, _verified, parse_audience
+from projections.reader import CatalogReader, parse_audience
+from projections.reader_checks import verified
 from projections.registry import ALL_PROJECTIONS
+from projections.state import state_table
 from tests.conftest import Server
 from tests.support.cli_inprocess import cli_json
 from tests.support.lifecycle_support import World
@@ -84,7 +85,7 @@ def _service(url: str) -> tuple[Ledger, CommandService]:
 
 
 def _views(ledger: Ledger) -> dict[str, bytes | type[LedgerError]]:
-    _verified.cache_clear()
+    verified.cache_clear()
     reader = CatalogReader(ledger.db, cache_size=0)
     out: dict[str, bytes | type[LedgerError]] = {}
     for name in AUDIENCES:
@@ -562,7 +563,7 @@ def test_r28_the_sweep_fails_with_any_one_check_off(
     try:
         assert sweep(base, copies, _sample(edits(copies.base, sqlite=True)), first=True) != []
     finally:
-        _verified.cache_clear()
+        verified.cache_clear()
 
 
 def test_r28_an_untampered_copy_passes_the_sweep_checks(sqlite_base: tuple[Base, Copies]) -> None:

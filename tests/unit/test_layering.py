@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -155,8 +156,8 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path | None = None) -> str:
+    parts = list(path.relative_to(root or ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -284,3 +285,122 @@ def test_mixin_check_catches_a_command_mixin(tmp_path: Path) -> None:
         "ledger.commands.apply.Again inherits ledger.commands.core.Core",
         "ledger.commands.apply.Local inherits ledger.commands.apply.Fine",
     ]
+
+
+# -- import cycles (issue 26) ------------------------------------------------------------------
+
+
+def _product_modules(root: Path) -> dict[str, Path]:
+    return {
+        _module_name(path, root): path
+        for package in sorted(OURS)
+        if (root / package).is_dir()
+        for path in sorted((root / package).rglob("*.py"))
+    }
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_imports(path: Path, modules: Mapping[str, Path]) -> set[str]:
+    """Every product module ``path`` imports when it runs: at module level and inside
+    functions alike (a function-level import is still a dependency), ``if TYPE_CHECKING:``
+    blocks left out (they never run). ``from a import b`` names module ``a.b`` when that
+    is a module, else ``a``."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                for other in child.orelse:
+                    visit_node(other)
+                continue
+            visit_node(child)
+
+    def visit_node(node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in modules else node.module)
+        visit(node)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return {m for m in found if m in modules}
+
+
+def _import_cycles(root: Path) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), sorted."""
+    modules = _product_modules(root)
+    graph = {m: sorted(_runtime_imports(p, modules) - {m}) for m, p in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return sorted(cycles)
+
+
+def test_no_import_cycle_among_product_modules() -> None:
+    """Declarations are built explicitly (the view registry, the store's metadata), so no
+    module needs another that needs it back, not even from inside a function."""
+    assert _import_cycles(ROOT) == []
+
+
+def test_cycle_check_sees_function_level_imports_and_skips_type_checking(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "projections").mkdir()
+    (tmp_path / "projections" / "a.py").write_text("from projections.b import x\n")
+    (tmp_path / "projections" / "b.py").write_text(
+        "def f():\n    from projections import a\n    return a\n"
+    )
+    (tmp_path / "projections" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from projections import a\n"
+    )
+    (tmp_path / "projections" / "d.py").write_text("import projections.c\n")
+    assert _import_cycles(tmp_path) == [["projections.a", "projections.b"]]
+
+
+# -- module size (issue 26) --------------------------------------------------------------------
+
+MAX_LINES = 600
+
+
+def test_no_product_module_exceeds_600_lines() -> None:
+    too_long = {
+        str(path.relative_to(ROOT)): lines
+        for path in _product_modules(ROOT).values()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert too_long == {}

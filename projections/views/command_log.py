@@ -13,14 +13,9 @@ import sqlalchemy as sa
 
 from domain.event_types import T_RECORDED
 from ledger.log.sqltypes import BigInt, Binary, enc
-from projections.framework import (
-    Projection,
-    Replayer,
-    RowStore,
-    TableReplayer,
-    ViewEvent,
-    view_table,
-)
+from projections.framework import Projection, Replayer, TableReplayer, ViewEvent
+from projections.rows import RowStore
+from projections.tables import view_table
 
 COMMAND_LOG = view_table(
     "_System_CommandLog",
