@@ -11,6 +11,7 @@ worker processes while the replay runs here.
 from __future__ import annotations
 
 import hashlib
+import queue
 import struct
 from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
@@ -44,6 +45,9 @@ from ledger.store.runtime import Ledger
 Progress = Callable[[int, int], None]
 #: Parallel audit workers verify whole chunks of 2^16 positions.
 CHUNK = 1 << 16
+#: A one-worker chain check of a log up to this many positions runs in the calling
+#: thread: checking it takes less than starting a worker process.
+IN_PROCESS_UPTO = 4096
 # -- verifying the whole log -------------------------------------------------------------------
 
 
@@ -376,17 +380,29 @@ def verify_chain_parallel(
         for i in range(workers)
         if i * per * chunk < size
     ]
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_chain_worker, args=(url, a, b, chunk, results)) for a, b in bounds]
-    for proc in procs:
-        proc.start()
     outcomes = {}
-    for _ in procs:
-        outcome = results.get()
-        outcomes[outcome[1]] = outcome
-    for proc in procs:
-        proc.join()
+    if workers == 1 and size <= IN_PROCESS_UPTO:
+        # One worker over a short log (the rebuild's chain check): the same worker in
+        # this thread, which the caller already runs beside its own work; a process
+        # start costs more than the whole check.
+        local: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for a, b in bounds:
+            _chain_worker(url, a, b, chunk, local)
+            outcome = local.get()
+            outcomes[outcome[1]] = outcome
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        results = ctx.Queue()
+        procs = [
+            ctx.Process(target=_chain_worker, args=(url, a, b, chunk, results)) for a, b in bounds
+        ]
+        for proc in procs:
+            proc.start()
+        for _ in procs:
+            outcome = results.get()
+            outcomes[outcome[1]] = outcome
+        for proc in procs:
+            proc.join()
     problems: list[Problem] = []
     stack = MerkleStack(keep_leaves=False)
     chain = ZERO_CHAIN

@@ -14,16 +14,19 @@ import pytest
 
 from ledger.log.application import LedgerApplication
 from ledger.log.db import open_database
+from tests.support.cli_inprocess import cli
 from tests.support.cli_support import run_cli
 from tests.support.notes import Note
 
 
 def test_r22_init_is_idempotent_and_log_shows_chain(engine_url: str, tmp_path: Path) -> None:
-    first = run_cli("--db", engine_url, "init", "--json")
+    """In-process (``tests.support.cli_inprocess``): init's and log's output is the point;
+    the tests below keep the real script for its exit codes and start-up."""
+    first = cli("--db", engine_url, "init", "--json")
     assert first.code == 0, first.stdout + first.stderr
     assert first.json()["created"] is True
     assert first.json()["schema_version"] == 2
-    again = run_cli("--db", engine_url, "init", "--json")
+    again = cli("--db", engine_url, "init", "--json")
     assert again.code == 0 and again.json()["created"] is False
 
     db = open_database(engine_url)
@@ -33,7 +36,7 @@ def test_r22_init_is_idempotent_and_log_shows_chain(engine_url: str, tmp_path: P
     app.save(note)
     db.close()
 
-    shown = run_cli("--db", engine_url, "log", "--json")
+    shown = cli("--db", engine_url, "log", "--json")
     assert shown.code == 0
     doc = shown.json()
     assert doc["head"]["position"] == 2
@@ -42,9 +45,9 @@ def test_r22_init_is_idempotent_and_log_shows_chain(engine_url: str, tmp_path: P
     assert doc["events"][0]["aggregate_id"] == str(note.id)
     assert len(bytes.fromhex(doc["events"][0]["event_id"])) == 32
 
-    window = run_cli("--db", engine_url, "log", "--from", "2", "--limit", "1", "--json").json()
+    window = cli("--db", engine_url, "log", "--from", "2", "--limit", "1", "--json").json()
     assert [e["position"] for e in window["events"]] == [2]
-    human = run_cli("--db", engine_url, "log")
+    human = cli("--db", engine_url, "log")
     assert human.code == 0 and "test.note_written@1" in human.stdout
 
 

@@ -19,6 +19,7 @@ from domain.lifecycle import GenerationStatus
 from domain.log import first_chain_break
 from domain.matrix import Advance
 from ledger.commands.writer_lease import LeaseLost
+from tests.support.cli_inprocess import cli
 from tests.support.cli_support import run_cli
 from tests.support.lifecycle_support import World, new_service
 
@@ -49,15 +50,16 @@ def test_r7_upgrade_g1_g2_restart_g3_and_exact_retry_is_read_only(world: World) 
     assert state.activation is not None and state.activation.revision == c3
     assert state.history is not None and state.history.attempts[:2] == [g1, g2]
 
-    # Exact retry after success: the recorded result, nothing appended.
+    # Exact retry after success: the recorded result, nothing appended. (The retries
+    # run the CLI in this process: the restart above is the one the process is for.)
     head = world.head()
-    again = run_cli("--db", world.url, "apply", str(m3), "--command-id", "release-3", "--json")
+    again = cli("--db", world.url, "apply", str(m3), "--command-id", "release-3", "--json")
     assert again.code == 0 and again.json()["replayed"] is True
     assert again.json()["packs"] == out.json()["packs"]
     assert world.head() == head
     # Same command id, different request: a conflict, nothing appended.
     other = world.manifest([world.official("sales", c1)])
-    clash = run_cli("--db", world.url, "apply", str(other), "--command-id", "release-3", "--json")
+    clash = cli("--db", world.url, "apply", str(other), "--command-id", "release-3", "--json")
     assert clash.code == 4 and clash.json()["error"] == "CONFLICT"
     assert world.head() == head
     # Re-running the current manifest with a derived id is a no-op that appends nothing.
@@ -336,17 +338,18 @@ def test_r12_concurrent_apply_of_different_manifests_one_at_a_time(world: World)
 
 
 def test_r12_busy_writer_lease_is_a_conflict_after_the_wait(world: World) -> None:
+    """The CLI in this process: the lease lives in the store, whichever process holds it."""
     commit = world.commit("sales", 1)
     holder = new_service(world, lease_ttl=60.0, holder="long-running-writer")
     handle = holder.acquire_lease()
     path = world.manifest([world.official("sales", commit)])
     head = world.head()
-    out = run_cli("--db", world.url, "apply", str(path), "--wait", "0.3", "--json")
+    out = cli("--db", world.url, "apply", str(path), "--wait", "0.3", "--json")
     assert out.code == 4, out.stdout
     doc = out.json()
     assert doc["error"] == "CONFLICT" and doc["details"]["rule"] == "R12"
     assert doc["details"]["holder"] == "long-running-writer"
     assert world.head() == head
     holder.release_lease(handle)
-    assert run_cli("--db", world.url, "apply", str(path), "--json").code == 0
+    assert cli("--db", world.url, "apply", str(path), "--json").code == 0
     holder.ledger.close()

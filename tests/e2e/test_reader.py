@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from domain.errors import IntegrityFailure, InvalidInput, LedgerError, Missing, Stale
 from domain.identity import Audience
 from projections.reader import MISSING_MESSAGE, CatalogReader, parse_audience, parse_revision
-from tests.support.cli_support import ServedStore, run_cli
+from tests.support.cli_inprocess import cli
+from tests.support.cli_support import ServedStore
 from tests.support.gitrepo import component, pack_json, sales_closure
 from tests.support.gitrepo import sales as sales_pack
 from tests.support.lifecycle_support import World
@@ -74,7 +75,7 @@ def _cli(world: World, audience: str, min_revision: Any = None) -> dict[str, Any
     args = ["--db", world.url, "view", audience, "--json"]
     if min_revision is not None:
         args += ["--min-revision", str(min_revision)]
-    out = run_cli(*args)
+    out = cli(*args)  # in-process: the command's answer is compared, not a process
     body = out.json()
     codes = {0: "OK", 3: "INVALID", 5: body.get("error"), 6: "INTEGRITY"}
     return {"status": codes.get(out.code, out.code), "body": body}
@@ -172,7 +173,7 @@ def test_r19_tampered_snapshot_rows_give_integrity_not_data(
     assert "fields" not in response.text
     with pytest.raises(IntegrityFailure):
         CatalogReader(world.db).view(Audience.parse("app:crm"))
-    assert run_cli("--db", world.url, "view", "app:crm", "--json").code == 6
+    assert cli("--db", world.url, "view", "app:crm", "--json").code == 6
 
 
 def test_r19_tampered_grant_row_fails_the_audience_digest(world: World) -> None:

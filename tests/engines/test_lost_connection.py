@@ -33,7 +33,7 @@ from ledger.commands.publishing import read_catalog_in_force
 from ledger.commands.service import CommandService
 from ledger.log.db import open_database
 from ledger.store.runtime import Ledger
-from tests.support.cli_support import run_cli
+from tests.support.cli_inprocess import cli
 from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World, content
 from tests.support.tcp_proxy import DropMode, MySQLProxy
@@ -202,6 +202,10 @@ def test_r10_proxy_forwards_and_drops_on_loopback(mysql_url: str, proxy: MySQLPr
 
 
 # -- apply through the CLI: drop before, during and after COMMIT ---------------------------------
+#
+# The CLI runs in this process (``tests.support.cli_inprocess``): what is checked is the
+# command's typed error and exit code and the retry's classification, which a child
+# process would only add an interpreter start and every import to.
 
 
 @pytest.mark.parametrize("mode", COMMIT_MODES)
@@ -214,9 +218,7 @@ def test_r10_cli_apply_retry_after_lost_commit_is_classified(
     cid = f"release-2-{mode.value}"
 
     proxy.drop_on_commit(mode, containing=COMMAND_RECORD)
-    first = run_cli(
-        "--db", proxy.url(world.url), "apply", str(manifest), "--command-id", cid, "--json"
-    )
+    first = cli("--db", proxy.url(world.url), "apply", str(manifest), "--command-id", cid, "--json")
     assert proxy.wait_fired(), "the COMMIT of the recording append was never seen"
     (drop,) = proxy.fired
     assert drop.packet is not None and drop.packet.is_commit
@@ -237,7 +239,7 @@ def test_r10_cli_apply_retry_after_lost_commit_is_classified(
         assert set(newest_statuses(world.ledger).values()) == {"failed_clean"}
 
     def retry() -> Mapping[str, Any]:
-        again = run_cli("--db", world.url, "apply", str(manifest), "--command-id", cid, "--json")
+        again = cli("--db", world.url, "apply", str(manifest), "--command-id", cid, "--json")
         assert again.code == 0, again.stdout
         out: Mapping[str, Any] = again.json()
         return out

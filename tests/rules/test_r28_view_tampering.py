@@ -554,14 +554,34 @@ def test_r28_every_edit_on_mariadb(mariadb_base: tuple[Base, Copies]) -> None:
     assert sweep(base, copies, edits(copies.base, sqlite=False)) == []
 
 
+#: check -> the sampled edit that (today) is the first the sweep catches with that check
+#: off. The sweep with a check off stops at its first violation, so trying this edit
+#: first spares it the dozens of edits before it in table order; the rest of the
+#: sample still follows, so a stale entry costs time, never the proof.
+_FIRST_BITE = {
+    checks.HEAD: "view_catalog_revision: edit revision",
+    checks.AUDIENCE: "view_catalog_grant: lose audience app:one",
+    checks.FACT: "view_pack_component: edit fact",
+    checks.DIGEST: "view_catalog_grant: edit audience_kind",
+    checks.PARENT: "publish_fragment: edit body",
+    checks.MAP: "view_audience_map: edit depth",
+    checks.PREPARING: "view_pack_generation: set status preparing",
+}
+
+
 @pytest.mark.parametrize("check", checks.ALL)
 def test_r28_the_sweep_fails_with_any_one_check_off(
     sqlite_base: tuple[Base, Copies], check: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """SQLite only: what each check compares (view rows against the digests the log
+    committed) is the same code on both engines; the main sweep runs on both."""
     base, copies = sqlite_base
+    chosen = _sample(edits(copies.base, sqlite=True))
+    assert _FIRST_BITE[check] in {str(e) for e in chosen}
+    chosen.sort(key=lambda e: str(e) != _FIRST_BITE[check])  # stable: the rest keep order
     monkeypatch.setattr(checks, "DISABLED", {check})
     try:
-        assert sweep(base, copies, _sample(edits(copies.base, sqlite=True)), first=True) != []
+        assert sweep(base, copies, chosen, first=True) != []
     finally:
         verified.cache_clear()
 
