@@ -60,8 +60,8 @@ from ledger.observability import get_logger
 from ledger.store import kept_fragments
 from ledger.store.runtime import Repository
 from projections import checks
-from projections.catalog_views import CATALOG_ACTIVATION, CATALOG_GRANT
 from projections.queries.publication import BadNode, map_fetch, open_catalog_rows
+from projections.views.catalog import CATALOG_ACTIVATION, CATALOG_GRANT
 from publisher.catalog import (
     Audience,
     BindingRow,
