@@ -63,11 +63,11 @@ from ledger.commands.results import (
 )
 from ledger.commands.steps import LifecycleSteps
 from ledger.commands.unit_of_work import UnitOfWork
-from ledger.commands.writer_lease import WRITER_LEASE, LeaseHandle, still_held
+from ledger.commands.writer_lease import LeaseHandle, still_held
 from ledger.sources.resolve import ResolvedPack
 from ledger.store.runtime import Ledger
 
-__all__ = ["WRITER_LEASE", "CommandService", "LeaseHandle"]
+__all__ = ["CommandService"]
 
 
 class CommandService:
