@@ -8,7 +8,7 @@ run before the schema is known to be current; ``Ledger`` for the rest) and retur
 typed result of ``ledger.results`` that the CLI prints with ``--json``. What only some
 of them use is imported in them, so that ``status`` and ``view`` (and the CLI that calls
 them) start without the audit, export, command and signing code (issue 25.7;
-tests/test_cli_basics.py checks it).
+tests/e2e/test_cli_basics.py checks it).
 """
 
 from __future__ import annotations
