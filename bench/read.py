@@ -35,8 +35,8 @@ from ledger.commands.service import CommandService
 from ledger.http.app import tune_gc_for_serving
 from ledger.log.db import Database, open_database
 from ledger.store.runtime import Ledger
-from projections.framework import load_states
 from projections.reader import CatalogReader
+from projections.state import load_states
 
 CLI = str(Path(sys.executable).with_name("catalog-ledger"))
 

@@ -2,7 +2,7 @@
 
 Each catalog revision (``catalog.published`` v2) carries the root of this map over
 the audiences in force at that revision; an audience's leaf holds its view digest
-(``domain.catalog.audience_digest``). The root commits every audience's digest in
+(``domain.served.audience_digest``). The root commits every audience's digest in
 32 bytes, so
 
 * the log can answer "this audience's digest at revision n" from the revision event

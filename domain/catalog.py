@@ -23,9 +23,6 @@ from eventsourcing.domain import Aggregate, event
 
 from domain.digests import aggregate_id
 
-# The audience digest lives in the pure module the runtime client shares (one definition).
-from domain.served import audience_digest as audience_digest  # noqa: PLC0414 - re-exported
-
 CATALOG_NAME = "catalog"
 
 

@@ -67,7 +67,8 @@ if TYPE_CHECKING:
     from ledger.commands.results import ApplyResult, ImportLegacyResult, PublishResult
     from ledger.commands.service import CommandService
     from ledger.store.migrations import MigrateResult
-    from projections.runner import ProjectionsStatus, RebuildOutcome
+    from projections.rebuild import RebuildOutcome
+    from projections.runner import ProjectionsStatus
 
 # The audit's names are re-exported on first use, so that importing the façade loads no
 # ``ledger.audit`` module (the CLI's read commands never need one).

@@ -8,7 +8,7 @@ run before the schema is known to be current; ``Ledger`` for the rest) and retur
 typed result of ``ledger.results`` that the CLI prints with ``--json``. What only some
 of them use is imported in them, so that ``status`` and ``view`` (and the CLI that calls
 them) start without the audit, export, command and signing code (issue 25.7;
-tests/test_cli_basics.py checks it).
+tests/e2e/test_cli_basics.py checks it).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from ledger.audit.results import AudienceHistoryResult, HistoryResult, PastView
     from ledger.commands.service import CommandService
     from ledger.store.migrations import MigrateResult
-    from projections.runner import RebuildOutcome
+    from projections.rebuild import RebuildOutcome
 
 Progress = Callable[[int, int], None]
 
@@ -246,7 +246,7 @@ def pack_hash(manifest: Path, pack: str) -> PackHash:
 def lease_status(service: CommandService, *, now_us: int | None = None) -> LeaseStatus:
     """Who holds the writer lease, at which epoch, until when (renewals included), as
     of ``now_us`` (microseconds since the epoch; default: the clock)."""
-    from ledger.commands.service import WRITER_LEASE
+    from ledger.commands.writer_lease import WRITER_LEASE
 
     lease, expiry = service.lease_state()
     now = int(time.time() * 1_000_000) if now_us is None else now_us

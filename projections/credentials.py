@@ -14,7 +14,7 @@ from ledger.log.sqltypes import dec, enc
 from projections.queries.status import require_running
 from projections.views.credential import CREDENTIAL, CredentialView
 
-__all__ = ["CREDENTIAL", "CredentialRow", "CredentialView", "credential_rows"]
+__all__ = ["CredentialRow", "credential_rows"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ decoded events straight into row tuples, bulk-written as the next view version.
 ``apply`` stays the definition: a kernel that raises is replaced by ``apply`` for
 that view; before the swap the new version is checked against what the log commits
 (``projections.log_commitments``, R28); ``projections verify`` compares what a kernel
-built with a replay through ``apply`` (R20, R21); and ``tests/test_r28_rebuild_kernels``
+built with a replay through ``apply`` (R20, R21); and ``tests/rules/test_r28_rebuild_kernels``
 proves each kernel's rows equal ``apply``'s over random streams.
 
 Blue/green without DDL: every physical view table has a leading
@@ -33,7 +33,6 @@ from domain.errors import Stale
 from domain.event_types import EVENT_TYPES, decode_state
 from domain.log import LoggedEvent
 from projections.rows import MemoryRowStore, RowStore
-from projections.state import load_states
 from projections.tables import Key, RowTuple, ViewTable
 
 __all__ = [
@@ -44,7 +43,6 @@ __all__ = [
     "TableReplayer",
     "ViewEvent",
     "code_mismatch",
-    "load_states",  # the command side and the status queries read states through this path
     "stored_topics",
 ]
 

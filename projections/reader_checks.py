@@ -12,12 +12,11 @@ from typing import Any
 
 import orjson
 
-from domain.catalog import audience_digest
 from domain.classifier import pointer_problem
 from domain.errors import IntegrityFailure, LifecycleRejected, Stale
 from domain.event_types import T_ACTIVATED, T_REMOVED, T_VIEW_PUBLISHED, Decoded
 from domain.lifecycle import activation_id, generation_id
-from domain.served import AudienceView, fact_hasher
+from domain.served import AudienceView, audience_digest, fact_hasher
 from projections import checks
 
 _GRANT_ORDER = itemgetter(0, 1, 2, 3)

@@ -29,13 +29,8 @@ from projections.state import ProjectionState, load_states, save_state
 from projections.verify import VerifyResult
 
 __all__ = [
-    "GroupBuilder",
-    "Progress",
     "ProjectionRunner",
     "ProjectionsStatus",
-    "RebuildOutcome",
-    "Transactions",
-    "VerifyResult",
     "ViewStatus",
 ]
 

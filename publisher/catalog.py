@@ -26,10 +26,9 @@ from typing import Any
 import orjson
 
 from domain.canonical import canonical_bytes_trusted
-from domain.catalog import audience_digest
 from domain.digests import Purpose, hasher
 from domain.errors import LifecycleRejected
-from domain.served import fact_hasher
+from domain.served import audience_digest, fact_hasher
 
 #: Most problems listed in one error; the total is always reported.
 MAX_LISTED_PROBLEMS = 200

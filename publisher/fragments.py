@@ -7,7 +7,7 @@ piece per pack and per audience: a *fragment*, ``(entries, body)`` with ``body``
 canonical JSON of its entries, comma-separated (what the digest hashes between the
 section's brackets).
 
-The store keeps the fragments of the revision in force (``ledger.commands.fragments``).
+The store keeps the fragments of the revision in force (``ledger.store.kept_fragments``).
 A publication that changes a few audiences then digests the whole revision from them,
 re-encoding only the fragments of the audiences it validated and of the packs those
 audiences bind or bound, instead of re-reading every binding.

@@ -7,7 +7,6 @@ from __future__ import annotations
 from contextlib import closing
 from typing import Any, cast
 
-from domain.catalog import audience_digest
 from domain.credentials import rfc3339
 from domain.errors import IntegrityFailure, Missing
 from domain.event_types import (
@@ -20,6 +19,7 @@ from domain.event_types import (
     decode_row,
     decode_state,
 )
+from domain.served import audience_digest
 from ledger.audit.replay import CATALOG_TYPES, CatalogReplay
 from ledger.audit.results import AudienceHistoryEvent, HistoryEvent, PastView
 from ledger.store.runtime import Ledger

@@ -55,13 +55,14 @@ from domain.event_types import (
 )
 from domain.identity import PackName
 from domain.lifecycle import generation_id
+from domain.served import audience_digest
 from ledger.log.recorder import LedgerRecorder
 from ledger.observability import get_logger
 from ledger.store import kept_fragments
 from ledger.store.runtime import Repository
 from projections import checks
-from projections.catalog_views import CATALOG_ACTIVATION, CATALOG_GRANT
 from projections.queries.publication import BadNode, map_fetch, open_catalog_rows
+from projections.views.catalog import CATALOG_ACTIVATION, CATALOG_GRANT
 from publisher.catalog import (
     Audience,
     BindingRow,
@@ -295,8 +296,6 @@ class ParentContent:
     def digest_of(self, audience: Audience, facts: Mapping[str, Mapping[Any, str]]) -> str:
         """The audience's view digest at the parent, from its grants and the packs' facts
         (``facts``: a cache of ``facts_of`` filled as needed)."""
-        from domain.catalog import audience_digest
-
         grants = self.grants_of(audience)
         edges = [[g[2], g[3], g[4], g[5], g[6]] for g in grants]
         ids = sorted({(g[2], g[6], g[3], g[4]) for g in grants})

@@ -37,8 +37,9 @@ from domain.identity import Audience
 from ledger.observability import get_logger, logged_command
 from ledger.store import credential_log
 from ledger.store.runtime import Ledger
-from projections.credentials import CredentialRow, CredentialView, credential_rows
+from projections.credentials import CredentialRow, credential_rows
 from projections.queries.status import require_running
+from projections.views.credential import CredentialView
 
 log = get_logger("credentials")
 

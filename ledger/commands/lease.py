@@ -47,8 +47,8 @@ from ledger.log.recorder import LedgerRecorder
 from ledger.observability import get_logger, phased
 from ledger.store.runtime import Ledger
 from projections import checks
-from projections.lifecycle_views import PACK_GENERATION
 from projections.queries.status import preparing_generations
+from projections.views.pack_generation import PACK_GENERATION
 
 log = get_logger("lease")
 

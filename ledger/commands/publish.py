@@ -28,7 +28,7 @@ from ledger.commands.publishing import (
 )
 from ledger.commands.results import PublishResult
 from ledger.commands.unit_of_work import UnitOfWork
-from ledger.log.recorder import Precommit
+from ledger.log.append import Precommit
 from ledger.observability import bind, logged_command
 from ledger.store import kept_fragments
 from ledger.store.runtime import Ledger

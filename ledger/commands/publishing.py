@@ -47,14 +47,13 @@ from ledger.commands.catalog_state import LogHead, ParentContent
 from ledger.commands.results import CatalogCounts, CatalogOutcome
 from ledger.observability import get_logger
 from ledger.store.runtime import Ledger, Repository
-from projections.catalog_views import AudienceBindingView, CatalogView
-from projections.lifecycle_views import (
-    InstalledPackView,
-    PackActivationView,
-    PackComponentView,
-    PackGenerationView,
-)
 from projections.queries.status import require_running
+from projections.views.audience_binding import AudienceBindingView
+from projections.views.catalog import CatalogView
+from projections.views.installed_pack import InstalledPackView
+from projections.views.pack_activation import PackActivationView
+from projections.views.pack_component import PackComponentView
+from projections.views.pack_generation import PackGenerationView
 from publisher.catalog import (
     Audience,
     BindingRow,

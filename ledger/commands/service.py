@@ -13,7 +13,7 @@ This module only wires the handlers to their collaborators; the work is theirs:
 Each command follows one pattern:
 
 1. read the state of every pack it touches in one consistent snapshot;
-2. run the preflight half of the matrix (``domain.lifecycle.rejection``) on all
+2. run the preflight half of the matrix (``domain.matrix.rejection``) on all
    of them and reject, naming every pack and reason, before any append;
 3. build the events on the aggregates just read;
 4. append them in one transaction, fenced by the versions read and by the
@@ -63,11 +63,11 @@ from ledger.commands.results import (
 )
 from ledger.commands.steps import LifecycleSteps
 from ledger.commands.unit_of_work import UnitOfWork
-from ledger.commands.writer_lease import WRITER_LEASE, LeaseHandle, still_held
+from ledger.commands.writer_lease import LeaseHandle, still_held
 from ledger.sources.resolve import ResolvedPack
 from ledger.store.runtime import Ledger
 
-__all__ = ["WRITER_LEASE", "CommandService", "LeaseHandle"]
+__all__ = ["CommandService"]
 
 
 class CommandService:

@@ -36,7 +36,8 @@ from domain.lifecycle import MAX_EPOCH
 from domain.matrix import Command, Rejection, rejection
 from ledger.commands.results import CommandResult
 from ledger.commands.writer_lease import LeaseHandle, lease_lost, still_held
-from ledger.log.recorder import LedgerRecorder, Precommit
+from ledger.log.append import Precommit
+from ledger.log.recorder import LedgerRecorder
 from ledger.store.runtime import Ledger, Repository
 
 

@@ -51,8 +51,7 @@ from contextlib import suppress
 from typing import Any
 
 # The serve defaults live with the CLI's other server settings (standard library only).
-from ledger.http.settings import HEADER_TIMEOUT as HEADER_TIMEOUT  # noqa: PLC0414
-from ledger.http.settings import KEEP_ALIVE_TIMEOUT as KEEP_ALIVE_TIMEOUT  # noqa: PLC0414
+from ledger.http.settings import HEADER_TIMEOUT
 
 #: Descriptors kept for everything but client connections: the store (SQLite opens a
 #: file, its WAL and its shared memory per connection, and reads run in a pool of

@@ -37,24 +37,13 @@ from ledger.log.append import (
     Head,
     InlineHook,
     Precommit,
-    RecordConflict,
 )
 from ledger.log.db import Database
 from ledger.log.follow import PollingSubscription
 from ledger.log.scans import LogScans
-from ledger.log.stored import CHUNK, as_uuid, binary, check_row, stored_types
+from ledger.log.stored import CHUNK, as_uuid, binary, stored_types
 
-__all__ = [
-    "AppendResult",
-    "Head",
-    "InlineHook",
-    "LedgerRecorder",
-    "PollingSubscription",
-    "Precommit",
-    "RecordConflict",
-    "check_row",
-    "stored_types",
-]
+__all__ = ["LedgerRecorder"]
 
 
 class LedgerRecorder(ApplicationRecorder):

@@ -1,7 +1,6 @@
 """Which store a command opens: ``--db``, then ``CATALOG_LEDGER_DB``, then the default.
 
-Standard library only, so the CLI checks ``--db`` before it imports a database driver
-(``ledger.log.db`` re-exports these names).
+Standard library only, so the CLI checks ``--db`` before it imports a database driver.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 from domain import errors
 from domain.errors import LedgerError, Unavailable
 from ledger.log.db import open_database
-from projections.runner import GroupBuilder, Progress
+from projections.ports import GroupBuilder, Progress
 
 #: Typed errors a worker reports by class name, raised again in the parent.
 _ERRORS: dict[str, type[LedgerError]] = {

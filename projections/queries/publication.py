@@ -20,11 +20,11 @@ from domain.errors import IntegrityFailure
 from ledger.log.db import stream_rows
 from ledger.log.sqltypes import dec
 from projections import checks
-from projections.audience_map import AUDIENCE_MAP, AudienceMapView
-from projections.catalog_views import CATALOG_ACTIVATION, CATALOG_GRANT, OPEN, CatalogView
-from projections.framework import load_states
-from projections.lifecycle_views import PACK_COMPONENT, PackComponentView
 from projections.queries.status import require_running
+from projections.state import load_states
+from projections.views.audience_map import AUDIENCE_MAP, AudienceMapView
+from projections.views.catalog import CATALOG_ACTIVATION, CATALOG_GRANT, OPEN, CatalogView
+from projections.views.pack_component import PACK_COMPONENT, PackComponentView
 
 
 @dataclass

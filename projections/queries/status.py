@@ -10,16 +10,12 @@ from sqlalchemy.engine import Connection
 
 from domain.errors import IntegrityFailure
 from ledger.log.sqltypes import dec
-from projections.framework import code_mismatch, load_states
-from projections.lifecycle_views import (
-    INSTALLED_PACK,
-    PACK_ACTIVATION,
-    PACK_GENERATION,
-    InstalledPackView,
-    PackActivationView,
-    PackGenerationView,
-)
+from projections.framework import code_mismatch
 from projections.registry import ALL_PROJECTIONS
+from projections.state import load_states
+from projections.views.installed_pack import INSTALLED_PACK, InstalledPackView
+from projections.views.pack_activation import PACK_ACTIVATION, PackActivationView
+from projections.views.pack_generation import PACK_GENERATION, PackGenerationView
 
 
 def _code_versions() -> dict[str, int]:

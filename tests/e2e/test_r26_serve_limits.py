@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from bench.attack import SlowClients, fresh_healthz
-from ledger.http.limits import HEADER_TIMEOUT, KEEP_ALIVE_TIMEOUT, default_max_connections
+from ledger.http.limits import default_max_connections
+from ledger.http.settings import HEADER_TIMEOUT, KEEP_ALIVE_TIMEOUT
 from tests.support.cli_inprocess import cli_json
 from tests.support.cli_support import SCRIPT, free_port
 

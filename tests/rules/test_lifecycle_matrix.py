@@ -16,7 +16,7 @@ from domain.errors import LedgerError, LifecycleRejected
 from domain.identity import PackName
 from domain.lifecycle import Generation
 from domain.matrix import Adopt, Advance, Install
-from ledger.commands.service import LeaseHandle
+from ledger.commands.writer_lease import LeaseHandle
 from tests.support.lifecycle_support import World
 
 C = Condition

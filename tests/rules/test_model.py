@@ -60,7 +60,8 @@ from domain.manifest import LocalSource, ManifestPack, OfficialSource
 from domain.matrix import Advance, Install
 from ledger.audit.verify import verify_log
 from ledger.commands.publishing import read_catalog_in_force
-from ledger.commands.service import CommandService, LeaseHandle
+from ledger.commands.service import CommandService
+from ledger.commands.writer_lease import LeaseHandle
 from ledger.log.db import Database, open_database
 from ledger.sources.resolve import ResolvedPack, resolve_packs
 from ledger.store.runtime import Ledger

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 from ledger.api import Store
 from ledger.http.app import create_app
-from projections.catalog_views import CatalogView
+from projections.views.catalog import CatalogView
 from tests.support.cli_inprocess import cli_json
 from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World

@@ -20,7 +20,7 @@ from domain.errors import IntegrityFailure
 from domain.identity import Audience, AudienceKind, Identity
 from ledger.http.auth import Authenticator, CredentialCache, log_confirmer, view_loader
 from projections import checks
-from projections.credentials import CREDENTIAL
+from projections.views.credential import CREDENTIAL
 from tests.support.lifecycle_support import World
 
 FORGED = "A" * 43  # a token the attacker chose; the log never issued its digest
