@@ -26,6 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.schema import CreateIndex, CreateTable
 
 from domain.errors import IntegrityFailure
 from ledger.log import tables as log_tables
@@ -94,10 +95,139 @@ def _declared_family(column: sa.Column[Any], dialect: str) -> str:
     return _family(variants.get("mysql" if dialect != "sqlite" else "sqlite", column.type))
 
 
-def differences(conn: Connection, dialect: str) -> list[Difference]:
-    """Every difference between the live database and the declared schema."""
-    inspector = sa.inspect(conn)
-    live_tables = set(inspector.get_table_names())
+def differences(conn: Connection, dialect: str, *, fast: bool = True) -> list[Difference]:
+    """Every difference between the live database and the declared schema.
+
+    The common case costs a few queries: when the live catalog rows show every
+    declared table exactly as declared (``_matches_declared``) and the stored
+    version is the current one, the table-by-table diff would find nothing, so only
+    the version and the head row are read. Anything else (any drift, an older
+    version, a catalog row this check does not recognise) runs the detailed
+    inspector diff, which names every difference as before.
+    """
+    if fast and _matches_declared(conn, dialect):
+        live = {t.name for t in declared_tables()}
+        found = _version_differences(conn, live)[0]
+        if not found:
+            return _head_differences(conn, found, live)
+    return detailed_differences(conn, dialect)
+
+
+def _matches_declared(conn: Connection, dialect: str) -> bool:
+    """True only if the live catalog shows every declared table (current version)
+    exactly as this program creates it, so the detailed diff's tables find nothing.
+
+    One or two catalog queries, whatever the number of tables. Any doubt is False
+    (the detailed diff then runs): a missing or extra column, a type family, a key
+    or an index that differs, a catalog row this check does not recognise.
+    """
+    tables = declared_tables()
+    if dialect == "sqlite":
+        return _sqlite_matches(conn, tables)
+    if dialect in ("mysql", "mariadb"):
+        return _mysql_matches(conn, tables)
+    return False
+
+
+def _sqlite_matches(conn: Connection, tables: list[sa.Table]) -> bool:
+    """SQLite keeps each table's and index's ``CREATE`` text: when every declared one
+    reads exactly as this program's DDL (what ``init`` ran), the store has the shape
+    of a fresh one (no extra or missing column, same types, keys and indexes)."""
+    rows = conn.exec_driver_sql(
+        "SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'index')"
+    ).all()
+    # SQLite keeps the statement's text as run, trailing blanks included.
+    live = {(str(kind), str(name)): str(sql).strip() for kind, name, sql in rows if sql}
+    dialect = conn.dialect
+    for table in tables:
+        want = str(CreateTable(table).compile(dialect=dialect)).strip()
+        if live.get(("table", table.name)) != want:
+            return False
+        for index in table.indexes:
+            want = str(CreateIndex(index).compile(dialect=dialect)).strip()
+            if index.name is None or live.get(("index", str(index.name))) != want:
+                return False
+    return True
+
+
+# Three single-table queries: joining two information_schema tables costs ~15 ms
+# on MariaDB 10.11, more than the inspector's whole diff.
+_MYSQL_TABLES = sa.text(
+    "SELECT TABLE_NAME FROM information_schema.TABLES"
+    " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_TYPE = 'BASE TABLE' AND TABLE_NAME IN :names"
+).bindparams(sa.bindparam("names", expanding=True))
+_MYSQL_COLUMNS = sa.text(
+    "SELECT TABLE_NAME, COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS"
+    " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names"
+).bindparams(sa.bindparam("names", expanding=True))
+_MYSQL_KEYS = sa.text(
+    "SELECT TABLE_NAME, INDEX_NAME, NON_UNIQUE, COLUMN_NAME"
+    " FROM information_schema.STATISTICS"
+    " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names"
+    " ORDER BY TABLE_NAME, INDEX_NAME, SEQ_IN_INDEX"
+).bindparams(sa.bindparam("names", expanding=True))
+
+
+def _mysql_matches(conn: Connection, tables: list[sa.Table]) -> bool:
+    """MySQL/MariaDB: the declared tables' columns and keys from information_schema
+    (three queries), compared as the detailed diff compares the reflected ones: the
+    same column names, the family of the class the dialect reflects each type as,
+    the primary key in order, every declared unique key and index present."""
+    names = [t.name for t in tables]
+    # Base tables only, as the inspector lists them (a view of a declared name is "missing").
+    base = {_text(name) for (name,) in conn.execute(_MYSQL_TABLES, {"names": names})}
+    if not all(name in base for name in names):
+        return False
+    columns: dict[str, dict[str, str]] = {}
+    for table, column, kind in conn.execute(_MYSQL_COLUMNS, {"names": names}):
+        columns.setdefault(_text(table), {})[_text(column)] = _text(kind).lower()
+    keys: dict[str, dict[str, tuple[bool, list[str | None]]]] = {}
+    for table, index, non_unique, column in conn.execute(_MYSQL_KEYS, {"names": names}):
+        entry = keys.setdefault(_text(table), {}).setdefault(
+            _text(index), (int(non_unique) == 0, [])
+        )
+        entry[1].append(None if column is None else _text(column))
+    ischema: dict[str, Any] = getattr(conn.dialect, "ischema_names", {})
+    for table in tables:
+        live = columns.get(table.name)
+        if live is None or set(live) != {c.name for c in table.columns}:
+            return False
+        for column in table.columns:
+            kind = ischema.get(live[column.name])
+            if kind is None:
+                return False
+            try:
+                got = _family(kind())
+            except Exception:  # a type the dialect cannot build bare: let the inspector say
+                return False
+            if got != _declared_family(column, "mysql"):
+                return False
+        live_keys = keys.get(table.name, {})
+        primary = live_keys.get("PRIMARY", (True, []))[1]
+        if primary != [c.name for c in table.primary_key.columns]:
+            return False
+        indexes = {tuple(cols) for key, (_, cols) in live_keys.items() if key != "PRIMARY"}
+        unique = {tuple(cols) for key, (uq, cols) in live_keys.items() if uq and key != "PRIMARY"}
+        for constraint in table.constraints:
+            if isinstance(constraint, sa.UniqueConstraint) and (
+                tuple(c.name for c in constraint.columns) not in unique
+            ):
+                return False
+        for index in table.indexes:
+            if tuple(c.name for c in index.columns) not in indexes:
+                return False
+    return True
+
+
+def _text(value: object) -> str:
+    """A catalog value as text (some servers hand information_schema back as bytes)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _version_differences(
+    conn: Connection, live_tables: set[str]
+) -> tuple[list[Difference], int | None]:
+    """The schema version's differences, and the version to compare the tables at."""
     found: list[Difference] = []
     version: int | None = log_tables.SCHEMA_VERSION
     malformed = False
@@ -122,6 +252,14 @@ def differences(conn: Connection, dialect: str) -> list[Difference]:
             )
     # An older store is compared with the schema of its own version.
     at = version if migrations.known(version) else log_tables.SCHEMA_VERSION
+    return found, at
+
+
+def detailed_differences(conn: Connection, dialect: str) -> list[Difference]:
+    """Every difference, table by table through the SQLAlchemy inspector."""
+    inspector = sa.inspect(conn)
+    live_tables = set(inspector.get_table_names())
+    found, at = _version_differences(conn, live_tables)
     assert at is not None
     for table in declared_tables(at):
         name = table.name
@@ -191,6 +329,13 @@ def differences(conn: Connection, dialect: str) -> list[Difference]:
                 found.append(
                     Difference(f"index {index.name} on {name}", "present", "missing", True)
                 )
+    return _head_differences(conn, found, live_tables)
+
+
+def _head_differences(
+    conn: Connection, found: list[Difference], live_tables: set[str]
+) -> list[Difference]:
+    """``found`` and the head row's difference, when the head can be compared."""
     if _head_readable(found, live_tables):
         try:
             check = head_row.read(conn)
