@@ -63,3 +63,37 @@ def test_pool_a_connection_used_moments_ago_is_not_pinged(
         assert _write_connection_id(db) != dead  # ... and the pool replaced it
     finally:
         db.close()
+
+
+def test_pool_connections_share_one_tls_context_with_pymysqls_own_settings(
+    mysql_url: str,
+) -> None:
+    """Every connection of every engine uses the one context PyMySQL would have built for
+    it (opportunistic TLS, no verification): built once per process, not per connection."""
+    import ssl
+
+    db = open_database(mysql_url)
+    try:
+        contexts = []
+        for engine in (db.engine, db.read_engine, db.statement_engine):
+            with engine.connect() as conn:
+                dbapi = conn.connection.dbapi_connection
+                assert dbapi is not None
+                contexts.append(dbapi.ctx)
+        assert len({id(c) for c in contexts}) == 1
+        assert contexts[0] is db_module._TLS_CONTEXT[0]
+        u = make_url(mysql_url)
+        own = pymysql.connect(
+            host=u.host, port=u.port or 3306, user=u.username, password=u.password or ""
+        )
+        try:
+            assert own.ctx is not contexts[0]  # a plain PyMySQL connection builds its own
+            settings = ("verify_mode", "check_hostname", "options", "verify_flags")
+            assert [getattr(contexts[0], s) for s in settings] == [
+                getattr(own.ctx, s) for s in settings
+            ]
+            assert contexts[0].verify_mode is ssl.CERT_NONE
+        finally:
+            own.close()
+    finally:
+        db.close()
