@@ -29,7 +29,7 @@ from ledger.log.db import Database, open_database
 from ledger.store.init import init_store
 from tests.support.cluster_support import GaleraCluster, ReplicaPair, running
 from tests.support.lifecycle_support import World
-from tests.support.stores import INITIALIZED, MariaDBStores, SqliteTemplate
+from tests.support.stores import INITIALIZED, BuiltStores, MariaDBStores, SqliteTemplate
 
 MYSQL_ENV = "CATALOG_LEDGER_TEST_MYSQL"
 
@@ -124,6 +124,22 @@ def mariadb_stores(mysql_server: Server) -> Iterator[MariaDBStores]:
     stores = MariaDBStores(mysql_server.url, mysql_server.connect, mysql_server.database_url)
     yield stores
     stores.close()
+
+
+@pytest.fixture(scope="session")
+def _built_stores(tmp_path_factory: pytest.TempPathFactory) -> BuiltStores:
+    return BuiltStores(tmp_path_factory.mktemp("built"))
+
+
+@pytest.fixture
+def built_stores(
+    _built_stores: BuiltStores, engine_url: str, request: pytest.FixtureRequest
+) -> BuiltStores:
+    """Histories built once per worker and copied into each test's store
+    (``tests/support/stores.py``)."""
+    if not engine_url.startswith("sqlite"):
+        _built_stores.mariadb = request.getfixturevalue("mariadb_stores")
+    return _built_stores
 
 
 #: The fixtures that build a store on ``engine_url`` (they get it initialized).
