@@ -25,7 +25,6 @@ from projections.registry import ALL_PROJECTIONS
 from projections.rows import read_version_rows
 from projections.state import load_states
 from tests.support.cli_inprocess import cli
-from tests.support.cli_support import run_cli
 from tests.support.history import bulk_history
 from tests.support.lifecycle_support import World
 from tests.support.stores import BuiltStores
@@ -315,7 +314,8 @@ def test_r20_sigkill_during_rebuild_leaves_live_view_intact_and_rerun_works(
     assert child.returncode == -signal.SIGKILL, "the rebuild finished before it was killed"
     assert live_rows(world.db) == before
     assert all(r.ok for r in world.ledger.runner.verify(world.db))
-    again = run_cli("--db", world.url, "projections", "rebuild", "--json")
+    # The rerun in-process: the killed rebuild's leftovers are in the store, not a process.
+    again = cli("--db", world.url, "projections", "rebuild", "--json")
     assert again.code == 0, again.stdout + again.stderr
     assert live_rows(world.db) == before
 
@@ -432,10 +432,10 @@ def test_r21_damaged_compatibility_row_is_detected_and_repaired_from_activation(
             sa.text("UPDATE view_installed_pack SET install_id = :i, status = :s WHERE pack = :p"),
             {"i": failed.encode(), "s": b"failed", "p": b"sales"},
         )
-    out = run_cli("--db", world.url, "projections", "verify", "installed_pack", "--json")
+    out = cli("--db", world.url, "projections", "verify", "installed_pack", "--json")
     assert out.code == 6
     assert out.json()["details"]["views"][0]["difference"]["key"] == {"pack": "sales"}
-    assert run_cli("--db", world.url, "projections", "rebuild", "installed_pack").code == 0
+    assert cli("--db", world.url, "projections", "rebuild", "installed_pack").code == 0
     with world.db.read() as conn:
         installed = conn.execute(
             sa.text("SELECT install_id, status FROM _System_InstalledPack WHERE pack = :p"),
@@ -456,7 +456,7 @@ def test_r20_poison_event_stops_the_view_reports_it_and_never_stalls_silently(
         b'"payload_hash":"v1:00","timestamp":"2026-11-29T00:00:00+00:00"}',
     )
     (position,) = world.ledger.recorder.append([poison]).positions
-    status = run_cli("--db", world.url, "projections", "status", "--json").json()
+    status = cli("--db", world.url, "projections", "status", "--json").json()
     views = {v["name"]: v for v in status["views"]}
     assert views["installed_pack"]["state"] == "stopped"
     assert views["installed_pack"]["error"]["position"] == position
@@ -468,7 +468,7 @@ def test_r20_poison_event_stops_the_view_reports_it_and_never_stalls_silently(
     world.service.release_lease(world.service.acquire_lease())
     views = {
         v["name"]: v
-        for v in run_cli("--db", world.url, "projections", "status", "--json").json()["views"]
+        for v in cli("--db", world.url, "projections", "status", "--json").json()["views"]
     }
     assert views["installed_pack"]["lag"] > 0 and views["pack_generation"]["lag"] == 0
     with world.db.read() as conn, pytest.raises(IntegrityFailure):
