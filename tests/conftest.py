@@ -187,6 +187,28 @@ def sibling_url(engine_url: str, tmp_path: Path, request: pytest.FixtureRequest)
 
 
 @pytest.fixture
+def sibling_store(engine_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A second store on the engine of ``engine_url``, in exactly the state ``init``
+    leaves (from this worker's template, like ``world``'s; a store id of its own)."""
+    if engine_url.startswith("sqlite"):
+        url = f"sqlite:///{tmp_path / 'sibling-store.db'}"
+        template: SqliteTemplate = request.getfixturevalue("sqlite_template")
+        template.copy_to(tmp_path / "sibling-store.db")
+        INITIALIZED.add(url)
+        yield url
+        INITIALIZED.discard(url)
+        return
+    stores: MariaDBStores = request.getfixturevalue("mariadb_stores")
+    url = stores.take()
+    INITIALIZED.add(url)
+    try:
+        yield url
+    finally:
+        INITIALIZED.discard(url)
+        stores.give_back(url)
+
+
+@pytest.fixture
 def db(engine_url: str) -> Iterator[Database]:
     """An initialized store on each real engine."""
     database = open_database(engine_url)
