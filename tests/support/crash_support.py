@@ -90,13 +90,16 @@ def count_points(kind: str, folder: Path, server: Server | None) -> tuple[int, d
         return int(count_file.read_text()), final_state(url)
 
 
-def check_after_kill(url: str, workdir: Path, reference: dict[str, Any]) -> tuple[list[str], bool]:
+def check_after_kill(
+    url: str, workdir: Path, reference: dict[str, Any]
+) -> tuple[list[str], bool, dict[str, Any]]:
     """What must hold after a kill, after the next lease holder, and after a re-run.
 
-    Also returns whether the kill fell between a prepare and its activation: an
-    attempt left ``preparing`` that the uninterrupted run activated. Only then must
-    the re-run converge on a fresh incarnation (a new install id, another digest);
-    after any other kill it converges on the reference's exact digest.
+    Also returns the state the re-run converged on, and whether the kill fell between
+    a prepare and its activation: an attempt left ``preparing`` that the uninterrupted
+    run activated. Only then must the re-run converge on a fresh incarnation (a new
+    install id, another digest); after any other kill it converges on the reference's
+    exact digest.
     """
     problems: list[str] = []
     db = open_database(url)
@@ -135,7 +138,7 @@ def check_after_kill(url: str, workdir: Path, reference: dict[str, Any]) -> tupl
             problems.append(f"after the re-run: {report.first()}")
     finally:
         db.close()
-    return problems, between
+    return problems, between, final
 
 
 def sweep(
@@ -154,9 +157,8 @@ def sweep(
                 result.failures.append(f"point {n}: the scenario was not killed")
                 continue
             result.killed += 1
-            problems, between = check_after_kill(url, workdir, reference)
+            problems, between, final = check_after_kill(url, workdir, reference)
             result.failures.extend(f"point {n}: {problem}" for problem in problems)
-            final = final_state(url)
             same = final["content_digest"] == reference["content_digest"]
             if between:
                 # Killed between a prepare and its activation: the attempt is failed_dirty
