@@ -29,7 +29,7 @@ from ledger.log.db import Database, open_database
 from ledger.store.init import init_store
 from tests.support.cluster_support import GaleraCluster, ReplicaPair, running
 from tests.support.lifecycle_support import World
-from tests.support.stores import INITIALIZED, MariaDBStores, SqliteTemplate
+from tests.support.stores import INITIALIZED, BuiltStores, MariaDBStores, SqliteTemplate
 
 MYSQL_ENV = "CATALOG_LEDGER_TEST_MYSQL"
 
@@ -126,6 +126,22 @@ def mariadb_stores(mysql_server: Server) -> Iterator[MariaDBStores]:
     stores.close()
 
 
+@pytest.fixture(scope="session")
+def _built_stores(tmp_path_factory: pytest.TempPathFactory) -> BuiltStores:
+    return BuiltStores(tmp_path_factory.mktemp("built"))
+
+
+@pytest.fixture
+def built_stores(
+    _built_stores: BuiltStores, engine_url: str, request: pytest.FixtureRequest
+) -> BuiltStores:
+    """Histories built once per worker and copied into each test's store
+    (``tests/support/stores.py``)."""
+    if not engine_url.startswith("sqlite"):
+        _built_stores.mariadb = request.getfixturevalue("mariadb_stores")
+    return _built_stores
+
+
 #: The fixtures that build a store on ``engine_url`` (they get it initialized).
 BUILDS_A_STORE = {"world", "db", "stage"}
 
@@ -168,6 +184,28 @@ def sibling_url(engine_url: str, tmp_path: Path, request: pytest.FixtureRequest)
     server: Server = request.getfixturevalue("mysql_server")
     with server.scratch() as url:
         yield url
+
+
+@pytest.fixture
+def sibling_store(engine_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A second store on the engine of ``engine_url``, in exactly the state ``init``
+    leaves (from this worker's template, like ``world``'s; a store id of its own)."""
+    if engine_url.startswith("sqlite"):
+        url = f"sqlite:///{tmp_path / 'sibling-store.db'}"
+        template: SqliteTemplate = request.getfixturevalue("sqlite_template")
+        template.copy_to(tmp_path / "sibling-store.db")
+        INITIALIZED.add(url)
+        yield url
+        INITIALIZED.discard(url)
+        return
+    stores: MariaDBStores = request.getfixturevalue("mariadb_stores")
+    url = stores.take()
+    INITIALIZED.add(url)
+    try:
+        yield url
+    finally:
+        INITIALIZED.discard(url)
+        stores.give_back(url)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,9 @@ from projections.registry import ALL_PROJECTIONS
 from projections.rows import read_version_rows
 from projections.state import load_states
 from tests.support.cli_inprocess import cli
-from tests.support.cli_support import run_cli
 from tests.support.history import bulk_history
 from tests.support.lifecycle_support import World
+from tests.support.stores import BuiltStores
 
 CLI = str(Path(sys.executable).with_name("catalog-ledger"))
 
@@ -79,6 +80,22 @@ def _bindings(packs: list[str], audience: str) -> list[dict[str, Any]]:
             },
         )
     ]
+
+
+def _built(
+    world: World, built_stores: BuiltStores, key: str, build: Callable[[World], Any]
+) -> tuple[World, Any]:
+    """``world`` with the history ``build`` makes: built in this worker's first such test
+    (and kept), copied into the store of each later one (``tests/support/stores.py``)."""
+    world.close()
+    value = built_stores.restore(key, world.url)
+    if value is not None:
+        return World(world.tmp / "copy", world.url), value
+    built = World(world.tmp / "built", world.url)
+    value = build(built)
+    built.close()
+    built_stores.keep(key, world.url, value)
+    return World(world.tmp / "copy", world.url), value
 
 
 def _mixed_history(world: World) -> None:
@@ -215,6 +232,11 @@ def test_r8_activation_pointer_view_and_generations_change_together(world: World
         assert active == [pointer]
 
 
+def _bulk_50k(world: World) -> int:
+    """2,500 packs advanced 4 times: over 50,000 events (shared by the R20 rebuild tests)."""
+    return bulk_history(world.ledger, packs=2500, rounds=5, components=1)
+
+
 def _view_digest(db: Database) -> tuple[int, int]:
     with db.read() as conn:
         rows = conn.execute(
@@ -227,8 +249,10 @@ def _view_digest(db: Database) -> tuple[int, int]:
 @pytest.mark.parametrize(
     "engine_url", ["sqlite", pytest.param("mariadb", marks=pytest.mark.campaign)], indirect=True
 )
-def test_r20_blue_green_rebuild_of_50k_events_never_shows_a_partial_view(world: World) -> None:
-    events = bulk_history(world.ledger, packs=2500, rounds=5, components=1)
+def test_r20_blue_green_rebuild_of_50k_events_never_shows_a_partial_view(
+    world: World, built_stores: BuiltStores
+) -> None:
+    world, events = _built(world, built_stores, "bulk-2500x5", _bulk_50k)
     assert events >= 50_000
     expected = _view_digest(world.db)
     assert expected[0] == 2500
@@ -257,9 +281,9 @@ def test_r20_blue_green_rebuild_of_50k_events_never_shows_a_partial_view(world: 
     "engine_url", ["sqlite", pytest.param("mariadb", marks=pytest.mark.campaign)], indirect=True
 )
 def test_r20_sigkill_during_rebuild_leaves_live_view_intact_and_rerun_works(
-    world: World,
+    world: World, built_stores: BuiltStores
 ) -> None:
-    bulk_history(world.ledger, packs=2500, rounds=5, components=1)
+    world, _ = _built(world, built_stores, "bulk-2500x5", _bulk_50k)
     before = live_rows(world.db)
     child = subprocess.Popen(
         [CLI, "--db", world.url, "projections", "rebuild", "--json"],
@@ -290,12 +314,19 @@ def test_r20_sigkill_during_rebuild_leaves_live_view_intact_and_rerun_works(
     assert child.returncode == -signal.SIGKILL, "the rebuild finished before it was killed"
     assert live_rows(world.db) == before
     assert all(r.ok for r in world.ledger.runner.verify(world.db))
-    again = run_cli("--db", world.url, "projections", "rebuild", "--json")
+    # The rerun in-process: the killed rebuild's leftovers are in the store, not a process.
+    again = cli("--db", world.url, "projections", "rebuild", "--json")
     assert again.code == 0, again.stdout + again.stderr
     assert live_rows(world.db) == before
 
 
 TAMPER = ["edit", "delete", "insert"]
+
+
+def _caught_up_mixed_history(world: World) -> int:
+    _mixed_history(world)
+    world.ledger.runner.catch_up(world.db, "command_log")
+    return world.head()
 
 
 def _tamper(db: Database, table: sa.Table, kind: str) -> None:
@@ -349,10 +380,10 @@ def _projection_of(physical: str) -> str:
 
 @pytest.mark.parametrize("kind", TAMPER)
 def test_r21_verify_names_a_hand_edited_deleted_or_inserted_row_in_every_view(
-    world: World, kind: str
+    world: World, built_stores: BuiltStores, kind: str
 ) -> None:
-    _mixed_history(world)
-    world.ledger.runner.catch_up(world.db, "command_log")
+    # The same history for each kind of damage: built once, copied for the others.
+    world, _ = _built(world, built_stores, "mixed", _caught_up_mixed_history)
     for projection in ALL_PROJECTIONS:
         for table in projection.tables:
             if table.physical.name == "view_audience_map_pending" and kind != "insert":
@@ -401,10 +432,10 @@ def test_r21_damaged_compatibility_row_is_detected_and_repaired_from_activation(
             sa.text("UPDATE view_installed_pack SET install_id = :i, status = :s WHERE pack = :p"),
             {"i": failed.encode(), "s": b"failed", "p": b"sales"},
         )
-    out = run_cli("--db", world.url, "projections", "verify", "installed_pack", "--json")
+    out = cli("--db", world.url, "projections", "verify", "installed_pack", "--json")
     assert out.code == 6
     assert out.json()["details"]["views"][0]["difference"]["key"] == {"pack": "sales"}
-    assert run_cli("--db", world.url, "projections", "rebuild", "installed_pack").code == 0
+    assert cli("--db", world.url, "projections", "rebuild", "installed_pack").code == 0
     with world.db.read() as conn:
         installed = conn.execute(
             sa.text("SELECT install_id, status FROM _System_InstalledPack WHERE pack = :p"),
@@ -425,7 +456,7 @@ def test_r20_poison_event_stops_the_view_reports_it_and_never_stalls_silently(
         b'"payload_hash":"v1:00","timestamp":"2026-11-29T00:00:00+00:00"}',
     )
     (position,) = world.ledger.recorder.append([poison]).positions
-    status = run_cli("--db", world.url, "projections", "status", "--json").json()
+    status = cli("--db", world.url, "projections", "status", "--json").json()
     views = {v["name"]: v for v in status["views"]}
     assert views["installed_pack"]["state"] == "stopped"
     assert views["installed_pack"]["error"]["position"] == position
@@ -437,7 +468,7 @@ def test_r20_poison_event_stops_the_view_reports_it_and_never_stalls_silently(
     world.service.release_lease(world.service.acquire_lease())
     views = {
         v["name"]: v
-        for v in run_cli("--db", world.url, "projections", "status", "--json").json()["views"]
+        for v in cli("--db", world.url, "projections", "status", "--json").json()["views"]
     }
     assert views["installed_pack"]["lag"] > 0 and views["pack_generation"]["lag"] == 0
     with world.db.read() as conn, pytest.raises(IntegrityFailure):

@@ -63,7 +63,7 @@ def test_r16_one_invalid_audience_among_1000_valid_appends_nothing(world: World)
 
 
 def test_r17_unchanged_content_publishes_once_and_digest_ignores_history(
-    world: World, tmp_path: Path, sibling_url: str
+    world: World, tmp_path: Path, sibling_store: str
 ) -> None:
     commit = world.release({"sales/pack.json": sales()})
     first = release(world, commit, full("integration:a") + full("app:x", "erp-test"))
@@ -74,7 +74,7 @@ def test_r17_unchanged_content_publishes_once_and_digest_ignores_history(
     assert release(world, commit, full("integration:a") + full("app:x", "erp-test"))["noop"]
 
     # Another store reaches the same content through grants, revokes and re-grants.
-    other = World(tmp_path / "other", sibling_url)
+    other = World(tmp_path / "other", sibling_store)
     try:
         c2 = other.release({"sales/pack.json": sales()})
         assert c2 == commit  # same deterministic repository
@@ -112,11 +112,11 @@ def test_r17_any_payload_binding_or_activation_change_changes_the_digest(world: 
 
 
 def test_r9_component_order_keeps_the_payload_hash_while_the_commit_moves_the_digest(
-    world: World, tmp_path: Path, sibling_url: str
+    world: World, tmp_path: Path, sibling_store: str
 ) -> None:
     commit = world.release({"sales/pack.json": sales()})
     digest = release(world, commit, full("integration:a"))["catalog"]["content_digest"]
-    other = World(tmp_path / "other", sibling_url)
+    other = World(tmp_path / "other", sibling_store)
     try:
         reordered = other.release({"sales/pack.json": sales(reverse=True)})
         assert reordered != commit  # different bytes in git ...

@@ -247,10 +247,10 @@ def check_against_full_rebuild(world: World) -> None:
 
 
 @pytest.fixture
-def pair(world: World, tmp_path: Path, sibling_url: str) -> Any:
+def pair(world: World, tmp_path: Path, sibling_store: str) -> Any:
     """``world`` publishes incrementally; ``other`` (same deterministic repository and
     history) always rebuilds the whole revision."""
-    other = World(tmp_path / "other", sibling_url)
+    other = World(tmp_path / "other", sibling_store)
     other.service.incremental = False
     try:
         yield History(world), History(other)

@@ -113,7 +113,7 @@ class MariaDBStores:
 
     def give_back(self, url: str) -> None:
         """Empty the test's database for the next test, or drop it when it cannot be."""
-        name = url.rsplit("/", 1)[1].split("?", 1)[0]
+        name = _name_of(url)
         try:
             with self.connect(name) as conn:
                 if shape_of(conn, name) != self.shape:
@@ -147,10 +147,82 @@ class MariaDBStores:
         with self.connect(None) as conn, conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {name}")
 
+    def keep(self, url: str) -> str:
+        """A copy of the store at ``url`` (rows only: the shape is ``init``'s), kept until
+        this worker ends; returns its database name for ``restore``."""
+        name = _name_of(self.take())
+        self._copy(_name_of(url), name)
+        return name
+
+    def restore(self, kept: str, url: str) -> None:
+        """Make the store at ``url`` a row-for-row copy of the ``kept`` one (DML only)."""
+        self._copy(kept, _name_of(url))
+
+    def _copy(self, kept: str, target: str) -> None:
+        with self.connect(target) as conn:
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION foreign_key_checks = 0")
+                conn.begin()
+                for table in sorted(self.rows):
+                    cur.execute(f"DELETE FROM `{table}`")
+                    cur.execute(f"INSERT INTO `{table}` SELECT * FROM `{kept}`.`{table}`")
+            conn.commit()
+
     def close(self) -> None:
         for name in sorted(self.made):
             self._drop(name)
         self.free.clear()
+
+
+def _name_of(url: str) -> str:
+    return url.rsplit("/", 1)[1].split("?", 1)[0]
+
+
+class BuiltStores:
+    """Stores a test module fills with an expensive history once per worker, then copies
+    into each test's own store (a byte copy on SQLite, a row copy on MariaDB), so that
+    the cases that only read or damage the history do not each rebuild it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.mariadb: MariaDBStores | None = None  # set by the fixture for a MariaDB store
+        self.kept: dict[tuple[str, str], tuple[str, Any]] = {}
+
+    def restore(self, key: str, url: str) -> Any | None:
+        """Copy the history kept under ``key`` for ``url``'s engine into ``url``'s store
+        and return what its builder returned; None when nothing is kept yet."""
+        engine = url.split(":", 1)[0]
+        found = self.kept.get((key, engine))
+        if found is None:
+            return None
+        source, value = found
+        if engine == "sqlite":
+            _sqlite_copy(source, url.removeprefix("sqlite:///"))
+        else:
+            self._mariadb().restore(source, url)
+        return value
+
+    def keep(self, key: str, url: str, value: Any) -> None:
+        """Keep a copy of the store at ``url`` under ``key`` (with ``value``)."""
+        engine = url.split(":", 1)[0]
+        if engine == "sqlite":
+            source = str(self.folder / f"{key}.db")
+            _sqlite_copy(url.removeprefix("sqlite:///"), source)
+        else:
+            source = self._mariadb().keep(url)
+        self.kept[(key, engine)] = (source, value)
+
+    def _mariadb(self) -> MariaDBStores:
+        assert self.mariadb is not None, "a MariaDB store comes from the mariadb_stores fixture"
+        return self.mariadb
+
+
+def _sqlite_copy(source: str, target: str) -> None:
+    """A consistent copy through SQLite's backup API (the WAL included)."""
+    with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
+        src.backup(dst)
+    src.close()
+    dst.close()
 
 
 class _Changed(Exception):
