@@ -76,6 +76,7 @@ def test_pool_connections_share_one_tls_context_with_pymysqls_own_settings(
     try:
         contexts = []
         for engine in (db.engine, db.read_engine, db.statement_engine):
+            assert engine is not None
             with engine.connect() as conn:
                 dbapi = conn.connection.dbapi_connection
                 assert dbapi is not None
@@ -87,10 +88,11 @@ def test_pool_connections_share_one_tls_context_with_pymysqls_own_settings(
             host=u.host, port=u.port or 3306, user=u.username, password=u.password or ""
         )
         try:
-            assert own.ctx is not contexts[0]  # a plain PyMySQL connection builds its own
+            own_ctx = own.ctx  # type: ignore[attr-defined]  # PyMySQL's, untyped
+            assert own_ctx is not contexts[0]  # a plain PyMySQL connection builds its own
             settings = ("verify_mode", "check_hostname", "options", "verify_flags")
             assert [getattr(contexts[0], s) for s in settings] == [
-                getattr(own.ctx, s) for s in settings
+                getattr(own_ctx, s) for s in settings
             ]
             assert contexts[0].verify_mode is ssl.CERT_NONE
         finally:
