@@ -55,9 +55,11 @@ _MYSQL_RETRYABLE = {1205, 8028}
 # MySQL / MariaDB client/server errors that mean "cannot reach or use the server".
 _MYSQL_UNAVAILABLE = {1049, 2002, 2003, 2005, 2006, 2013, 2055}
 # The server is up but refuses this account: access denied to a database (1044), a
-# login refused (1045: wrong user or password), a table or column command denied
-# (1142, 1143), a privilege missing (1227). PERMISSION (exit 7), never "server down".
-_MYSQL_PERMISSION = {1044, 1045, 1142, 1143, 1227}
+# login refused (1045: wrong user or password; 1698: MariaDB's answer for an account
+# it does not know or that logs in by a plugin such as unix_socket), a table or column
+# command denied (1142, 1143), a privilege missing (1227). PERMISSION (exit 7), never
+# "server down".
+_MYSQL_PERMISSION = {1044, 1045, 1142, 1143, 1227, 1698}
 
 
 def _normalize(url_text: str) -> tuple[URL, Dialect]:

@@ -98,6 +98,7 @@ def test_r11_a_lock_wait_timeout_is_a_retryable_unavailable(mariadb: Database) -
         (1143, Permission, None),  # column command denied
         (1044, Permission, None),  # access denied to the database
         (1045, Permission, None),  # login refused (wrong user or password)
+        (1698, Permission, None),  # login refused (unknown account, or a plugin's login)
         (1227, Permission, None),  # a privilege (SUPER, ...) missing
     ],
 )
@@ -161,6 +162,18 @@ def test_r11_a_wrong_password_is_permission_exit_7(
     assert error["details"]["errno"] == 1045, error
     assert "Access denied" in error["message"], error
     assert "not-" not in str(error)  # the password is never printed
+
+
+def test_r11_an_account_the_server_does_not_know_is_permission_exit_7(
+    mariadb: Database, mysql_url: str
+) -> None:
+    """MariaDB refuses a user it has no account for with 1698 (or 1045): the server is
+    up and refuses the login, PERMISSION, never UNAVAILABLE "server down"."""
+    stranger = make_url(mysql_url).set(username="nobody-r11-unknown", password="pw")
+    code, error = cli_json("--db", stranger.render_as_string(hide_password=False), "status")
+    assert (code, error["error"]) == (7, "PERMISSION"), error
+    assert error["details"]["errno"] in (1045, 1698), error
+    assert "Access denied" in error["message"], error
 
 
 def test_r11_an_account_without_grants_on_the_database_is_permission_exit_7(
