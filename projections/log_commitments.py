@@ -41,6 +41,7 @@ from domain.event_types import (
     Decoded,
     decode_state,
 )
+from domain.served import audience_digest
 from projections.framework import Handler, Projection, Replayer, stored_topics
 from projections.ports import LogSource
 from projections.tables import Key, RowTuple, ViewTable
@@ -53,6 +54,7 @@ from projections.views.catalog import (
     CatalogView,
 )
 from projections.views.pack_activation import PACK_ACTIVATION, PackActivationView
+from projections.views.pack_component import PACK_COMPONENT, PackComponentView
 
 
 def check_built(
@@ -65,7 +67,9 @@ def check_built(
     version) of the catalog, if chosen, with what the log commits at its head. Raises
     ``IntegrityFailure`` at the first difference."""
     if CatalogView.name in {p.name for p in chosen}:
-        _check_catalog(log_source, conn, versions[CatalogView.name])
+        _check_catalog(
+            log_source, conn, versions[CatalogView.name], versions.get(PackComponentView.name)
+        )
 
 
 def _differs(view: str, table: ViewTable, key: dict[str, Any], problem: str) -> IntegrityFailure:
@@ -183,10 +187,15 @@ def _compare(
             raise _differs(view, table, shown, problem)
 
 
+#: The publisher's digest order of an audience's grants: pack, kind, key, credential set.
+_GRANT_ORDER = itemgetter(0, 1, 2, 3)
+
 # -- the revision's counts and the audience digests ---------------------------------------------
 
 
-def _check_catalog(log_source: LogSource, conn: Connection, version: int) -> None:
+def _check_catalog(
+    log_source: LogSource, conn: Connection, version: int, component_version: int | None
+) -> None:
     name = CatalogView.name
     head = log_source.last_events(conn, [catalog_id()]).get(catalog_id())
     rev = CATALOG_REVISION.physical
@@ -227,7 +236,7 @@ def _check_catalog(log_source: LogSource, conn: Connection, version: int) -> Non
             f"is {have or 'missing'}; the revision event has {want}",
         )
     _check_counts(conn, version, counts)
-    _check_audiences(log_source, conn, version, head)
+    _check_audiences(log_source, conn, version, head, component_version)
 
 
 def _count(conn: Connection, query: Any) -> int:
@@ -277,7 +286,13 @@ def _check_counts(conn: Connection, version: int, counts: Mapping[str, Any]) -> 
             )
 
 
-def _check_audiences(log_source: LogSource, conn: Connection, version: int, head: Decoded) -> None:
+def _check_audiences(
+    log_source: LogSource,
+    conn: Connection,
+    version: int,
+    head: Decoded,
+    component_version: int | None,
+) -> None:
     aud = CATALOG_AUDIENCE.physical
     rows = _rows(conn, CATALOG_AUDIENCE, version, aud.c.to_revision == OPEN)
     pairs = [(_text(r.audience_kind) or "", _text(r.audience_id) or "") for r in rows]
@@ -291,6 +306,7 @@ def _check_audiences(log_source: LogSource, conn: Connection, version: int, head
                 committed[pair] = event.data.get("digest")
     else:  # format v1: the revision events list the audiences they changed
         committed = _v1_digests(log_source, conn, head.position)
+    served = _served_digests(conn, version, component_version)
     for row, pair in zip(rows, pairs, strict=True):
         if _text(row.digest) != committed.get(pair):
             raise _differs(
@@ -299,6 +315,67 @@ def _check_audiences(log_source: LogSource, conn: Connection, version: int, head
                 {"audience": f"{pair[0]}:{pair[1]}"},
                 "has another digest than the one the log committed for the audience",
             )
+        # What a reader would serve this audience must digest to what the log committed
+        # (R19): a grant row the kernel rewrote changes it, though counts and the
+        # audience row stay as the log says.
+        if served is not None and pair in served and served[pair] != committed.get(pair):
+            raise _differs(
+                CatalogView.name,
+                CATALOG_GRANT,
+                {"audience": f"{pair[0]}:{pair[1]}", "to_revision": "open"},
+                "serve another content than the digest the log committed for the audience",
+            )
+
+
+def _served_digests(
+    conn: Connection, version: int, component_version: int | None
+) -> dict[tuple[str, str], str] | None:
+    """Each audience's digest over the grants in force and their facts, as the reader
+    computes it (``projections.reader_checks``); None without a component view."""
+    if component_version is None:
+        return None
+    g, c = CATALOG_GRANT.physical, PACK_COMPONENT.physical
+    query = (
+        sa.select(
+            g.c.audience_kind,
+            g.c.audience_id,
+            g.c.pack,
+            g.c.kind,
+            g.c.key,
+            g.c.credential_set,
+            g.c.install_id,
+            c.c.fact_digest,
+        )
+        .select_from(
+            g.outerjoin(
+                c,
+                sa.and_(
+                    c.c.view_version == component_version,
+                    c.c.pack == g.c.pack,
+                    c.c.install_id == g.c.install_id,
+                    c.c.kind == g.c.kind,
+                    c.c.key == g.c.key,
+                ),
+            )
+        )
+        .where(g.c.view_version == version, g.c.to_revision == OPEN)
+    )
+    grouped: dict[tuple[bytes, bytes], list[tuple[Any, ...]]] = {}
+    for row in conn.execute(query):
+        grouped.setdefault((row[0], row[1]), []).append(tuple(row[2:]))
+    served: dict[tuple[str, str], str] = {}
+    for (kind_b, ident_b), grants in grouped.items():
+        pair = (_text(kind_b) or "", _text(ident_b) or "")
+        edges: list[list[Any]] = []
+        facts: dict[tuple[str, str, str, str], str] = {}
+        for pack, kind, key, cred, install, fact_digest in sorted(grants, key=_GRANT_ORDER):
+            # A cell that is not text (an edited row) digests as "": the digest differs.
+            p, k, name, i = (_text(v) or "" for v in (pack, kind, key, install))
+            edges.append([p, k, name, _text(cred) or None, i])
+            if type(fact_digest) is bytes:
+                facts[(p, i, k, name)] = fact_digest.hex()
+        served[pair] = audience_digest(pair, edges, [[*f, facts[f]] for f in sorted(facts)])
+    return served
 
 
 def _v1_digests(log_source: LogSource, conn: Connection, upto: int) -> dict[tuple[str, str], Any]:

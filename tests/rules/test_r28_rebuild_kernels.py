@@ -438,6 +438,11 @@ def _other_digest(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "digest": "0" * 64}
 
 
+def _other_key(d: dict[str, Any]) -> dict[str, Any]:
+    """A grant of another key: counts and the audience rows stay as the log says."""
+    return {**d, "key": "Evil.key"} if d.get("kind") == "push_contract" else d
+
+
 def _one_more_grant(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "counts": {**d["counts"], "grants": d["counts"]["grants"] + 1}}
 
@@ -459,8 +464,9 @@ def _physical_versions(db: Database) -> dict[str, set[int]]:
         (PackActivationView, [T_STARTED, T_ADVANCED], _epoch_plus_one),
         (CatalogView, [T_VIEW_PUBLISHED], _other_digest),
         (CatalogView, [T_PUBLISHED], _one_more_grant),
+        (CatalogView, [T_GRANTED, T_REBOUND, T_REVOKED], _other_key),
     ],
-    ids=["activations", "audience-digests", "revision-counts"],
+    ids=["activations", "audience-digests", "revision-counts", "grant-content"],
 )
 def test_r28_rebuild_refuses_a_diverging_kernel_and_swaps_nothing(
     world: World,
