@@ -44,6 +44,7 @@ from domain.event_types import (
 from domain.served import audience_digest
 from projections.framework import Handler, Projection, Replayer, stored_topics
 from projections.ports import LogSource
+from projections.reader_checks import sorted_grants
 from projections.tables import Key, RowTuple, ViewTable
 from projections.views.catalog import (
     CATALOG_ACTIVATION,
@@ -186,9 +187,6 @@ def _compare(
                 problem = f"holds {have[key]}; the log commits {want[key]}"
             raise _differs(view, table, shown, problem)
 
-
-#: The publisher's digest order of an audience's grants: pack, kind, key, credential set.
-_GRANT_ORDER = itemgetter(0, 1, 2, 3)
 
 # -- the revision's counts and the audience digests ---------------------------------------------
 
@@ -344,6 +342,7 @@ def _served_digests(
             g.c.key,
             g.c.credential_set,
             g.c.install_id,
+            g.c.payload_hash,
             c.c.fact_digest,
         )
         .select_from(
@@ -368,7 +367,7 @@ def _served_digests(
         pair = (_text(kind_b) or "", _text(ident_b) or "")
         edges: list[list[Any]] = []
         facts: dict[tuple[str, str, str, str], str] = {}
-        for pack, kind, key, cred, install, fact_digest in sorted(grants, key=_GRANT_ORDER):
+        for pack, kind, key, cred, install, _hash, fact_digest in sorted_grants(pair, grants):
             # A cell that is not text (an edited row) digests as "": the digest differs.
             p, k, name, i = (_text(v) or "" for v in (pack, kind, key, install))
             edges.append([p, k, name, _text(cred) or None, i])
