@@ -261,17 +261,18 @@ def plan_bindings(
             (auth.install_id if auth else None) or "",
             (auth.payload_hash if auth else None) or "",
         )
-        wanted[row.ident] = row
+        wanted[(kind, ident, pack, ckind, key, cred or "")] = row  # row.ident, built once
     changes: list[BindingChange] = []
-    for wanted_key in sorted(wanted):
+    order = sorted(wanted)
+    for wanted_key in order:
         row = wanted[wanted_key]
         before = now.get(wanted_key)
         if before is None:
             changes.append(BindingChange("grant", row))
-        elif (before.install_id, before.payload_hash) != (row.install_id, row.payload_hash):
+        elif before.install_id != row.install_id or before.payload_hash != row.payload_hash:
             changes.append(BindingChange("rebind", row, before.install_id))
-    changes.extend(BindingChange("revoke", now[i]) for i in sorted(set(now) - set(wanted)))
-    return [wanted[i] for i in sorted(wanted)], changes
+    changes.extend(BindingChange("revoke", now[i]) for i in sorted(now.keys() - wanted.keys()))
+    return [wanted[i] for i in order], changes
 
 
 def content_authority(

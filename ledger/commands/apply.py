@@ -1,10 +1,19 @@
 """``apply``: converge the store to a release manifest (packs, bindings, one revision).
 
-1. resolve every pack of the manifest and read its state in one snapshot;
+1. read the manifest; find, from the log, the packs it leaves as they are (frozen:
+   their immutable source is the one their active generation froze, R9, R30) and
+   resolve only the others;
 2. decide (install, adopt, advance, local update, unchanged, remove) and reject,
    naming every pack and reason, before any append;
 3. under the writer lease: recover abandoned attempts, prepare candidates,
    then activate every candidate, re-bind and publish in one final append (R8).
+
+When a parent revision exists, what is read and validated follows the change
+(``ledger.commands.release``): the revision is built as ``publish``'s incremental path
+builds one and keeps its fragments, and the final append is fenced by position on
+everything the decision read (R11), so the head lock is held for time independent of
+the catalog. Otherwise (the first release, attempts to recover, too much changed, a
+rejection to name) the release is simulated as a full build.
 """
 
 from __future__ import annotations
@@ -12,81 +21,61 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
-from uuid import UUID
+from typing import cast
 
 from eventsourcing.domain import Aggregate
+from sqlalchemy.engine import Connection
 
 from domain.classifier import PackState
 from domain.coordination import CommandRecord
 from domain.errors import Conflict, LedgerError, Unavailable
 from domain.identity import PackName
 from domain.lifecycle import install_id_for
-from domain.manifest import BindingSpec, Manifest
-from domain.matrix import (
-    Command,
-    Decision,
-    Remove,
-    after_recovery,
-    decide,
-    decide_removal,
-    rejection,
-)
+from domain.manifest import Manifest
+from domain.matrix import Command, Decision, after_recovery, decide, decide_removal
+from ledger.commands.catalog_state import authority_of
 from ledger.commands.lease import LeaseHandler, abandoned_attempts, preparing_in
 from ledger.commands.publishing import (
-    CatalogInForce,
+    FullBuildDue,
     binding_aggregates,
-    catalog_outcome,
-    fence_ids,
     publication_summary,
     read_catalog_in_force,
     revision_aggregates,
 )
-from ledger.commands.results import (
-    ApplyResult,
-    BindingChanges,
-    BindingOutcome,
-    PackOutcome,
-    RecoveredAttempt,
+from ledger.commands.release import (
+    Anchor,
+    FrozenPack,
+    frozen_packs,
+    read_anchor,
+    simulate_fast,
+)
+from ledger.commands.results import ApplyResult
+from ledger.commands.simulate import (
+    Pack,
+    Plan,
+    Release,
+    after_recovery_of,
+    apply_result,
+    bound_packs,
+    pack_names,
+    removal_outcome,
+    removals_of,
+    simulate_release,
 )
 from ledger.commands.steps import LifecycleSteps
-from ledger.commands.unit_of_work import UnitOfWork
+from ledger.commands.unit_of_work import UnitOfWork, then
 from ledger.commands.writer_lease import WRITER_LEASE, LeaseBusy, LeaseHandle, LeaseLost
+from ledger.log.append import Precommit
 from ledger.observability import bind, get_logger, logged_command, phase, phased
-from ledger.sources.resolve import ResolvedPack, resolve_manifest
-from ledger.store.runtime import Ledger
-from publisher.catalog import CatalogInput, PackAuthority
-from publisher.planning import (
-    BindingChange,
-    PublishPlan,
-    check_binding_credentials,
-    check_removals,
-    content_authority,
-    plan_bindings,
-    plan_publication,
-)
+from ledger.sources.resolve import ResolvedPack, load_manifest, resolve_packs
+from ledger.store import kept_fragments
+from ledger.store.runtime import Ledger, Repository
+from publisher.catalog import PackAuthority, PublicationRejected
+from publisher.planning import content_authority
 
-
-@dataclass(frozen=True)
-class Release:
-    """What one ``apply`` appends besides lifecycle events."""
-
-    changes: list[BindingChange]
-    publication: PublishPlan
-    fence_ids: list[UUID]
-    noop: bool
-    authorities: dict[str, PackAuthority]
-    #: What the release's removals retire (R7), in ``remove`` order.
-    removed: list[PackOutcome] = field(default_factory=list)
-
-
-def _after_recovery(catalog: CatalogInForce, abandoned: set[str]) -> CatalogInForce:
-    """The publisher's input once the next lease holder has recovered ``abandoned`` packs:
-    their newest attempt is failed_dirty, which blocks publication (R12)."""
-    packs = {p: replace(a, dirty=True) if p in abandoned else a for p, a in catalog.packs.items()}
-    return replace(catalog, packs=packs)
+__all__ = ["ApplyHandler", "Release", "lost_race", "simulate_release"]
 
 
 def lost_race(error: LedgerError) -> bool:
@@ -104,10 +93,14 @@ def lost_race(error: LedgerError) -> bool:
 
 @dataclass(frozen=True)
 class _Decided:
-    """A release that has work to do: its command id, the states it read, a busy lease."""
+    """A release that has work to do: its command id, its packs (the frozen ones
+    confirmed at this snapshot), the states it read, the anchor it built on (``None``:
+    a full build), a busy lease."""
 
     cid: str
+    packs: list[Pack]
     states: dict[PackName, PackState]
+    anchor: Anchor | None
     busy: LedgerError | None
 
 
@@ -145,8 +138,18 @@ class ApplyHandler:
         (and views, for each append).
         """
         with phase("resolve") as resolving:
-            manifest, resolved = resolve_manifest(manifest_path)
-            resolving["packs"] = len(resolved)
+            manifest = load_manifest(manifest_path)
+            base = manifest_path.resolve().parent
+            with self.ledger.snapshot() as reader:
+                anchor = read_anchor(self.ledger, reader.conn)
+                frozen = (
+                    frozen_packs(self.ledger.recorder, reader.conn, anchor, manifest, base)
+                    if anchor is not None
+                    else {}
+                )
+            packs = _merged(frozen, resolve_packs(manifest.packs, base=base, skip=frozen))
+            resolving["packs"] = len(packs)
+            resolving["frozen"] = len(frozen)
         request = {
             "kind": "apply",
             "packs": [
@@ -154,10 +157,10 @@ class ApplyHandler:
                     "pack": r.name,
                     "source_kind": r.source.kind.value,
                     "revision": r.source.revision,
-                    "payload_hash": r.content.payload_hash_v1,
-                    "category": r.content.category,
+                    "payload_hash": r.payload_hash,
+                    "category": r.category,
                 }
-                for r in resolved
+                for r in packs
             ],
             "bindings": None
             if manifest.bindings is None
@@ -175,16 +178,17 @@ class ApplyHandler:
             # this very release, so wait for it to end and decide again rather than
             # appending anything (an identical copy then finds the recorded result or
             # nothing left to do, R10).
-            decided = self._decide(manifest, resolved, command_id, request_digest, publish)
+            decided = self._decide(
+                manifest, packs, base, anchor, command_id, request_digest, publish
+            )
             if not isinstance(decided, _Decided):
                 return decided
+            packs, anchor = decided.packs, decided.anchor or anchor
             if decided.busy is None:
                 try:
                     also = preparing_in(decided.states.values())
                     with self.lease.leased(wait=0, also=also) as handle:
-                        return self._under_lease(
-                            handle, decided, manifest, resolved, request_digest, publish
-                        )
+                        return self._under_lease(handle, decided, manifest, request_digest, publish)
                 except LeaseBusy as exc:  # lost the race to take it
                     busy: LedgerError = exc
                 except (Conflict, Unavailable) as exc:
@@ -216,7 +220,9 @@ class ApplyHandler:
     def _decide(
         self,
         manifest: Manifest,
-        resolved: Sequence[ResolvedPack],
+        packs: list[Pack],
+        base: Path,
+        seen: Anchor | None,
         command_id: str | None,
         request_digest: str,
         publish: bool,
@@ -228,37 +234,66 @@ class ApplyHandler:
             prior = self.uow.recorded(reader, cid, "apply", request_digest)
             if prior is not None:
                 return cast(ApplyResult, {**prior, "replayed": True})
-            states = reader.pack_states(_names(resolved, manifest))
-            catalog = read_catalog_in_force(
-                self.ledger, reader.conn, states=states, extra=_bound(manifest.bindings)
-            )
-            lease = reader.lease(WRITER_LEASE)
+            anchor = read_anchor(self.ledger, reader.conn, reuse=seen)
+            packs = self._confirm_frozen(reader.conn, seen, anchor, manifest, packs, base)
             attempts = {*abandoned_attempts(self.ledger.recorder, reader.conn)}
+            fast = anchor is not None and not attempts
+            names = pack_names(packs, manifest)
+            if fast:
+                frozen = {r.name for r in packs if isinstance(r, FrozenPack)}
+                names = [n for n in names if n not in frozen]
+            states = reader.pack_states(names)
             attempts.update(preparing_in(states.values()))
+            lease = reader.lease(WRITER_LEASE)
             abandoned = {pack for pack, _ in attempts}
-        recovered_states = {p: after_recovery(s) for p, s in states.items()}
-        plan = self._plan(resolved, recovered_states, manifest)
-        preview = simulate_release(
-            resolved,
-            plan,
-            recovered_states,
-            catalog,
-            manifest.bindings,
-            candidates=None,
-            publish=publish,
-        )
+            recovered_states = {p: after_recovery(s) for p, s in states.items()}
+            plan = self._plan(packs, recovered_states, manifest)
+            preview = None
+            if fast and not abandoned:
+                assert anchor is not None
+                preview = self._fast(
+                    reader,
+                    anchor,
+                    packs,
+                    plan,
+                    recovered_states,
+                    manifest,
+                    candidates=None,
+                    publish=publish,
+                )
+            if preview is None:
+                anchor = None
+                if fast:  # the full build reads every pack's state
+                    states = reader.pack_states(pack_names(packs, manifest))
+                    recovered_states = {p: after_recovery(s) for p, s in states.items()}
+                catalog = read_catalog_in_force(
+                    self.ledger,
+                    reader.conn,
+                    states=states,
+                    extra=bound_packs(manifest.bindings),
+                )
+        if preview is None:
+            preview = simulate_release(
+                packs,
+                plan,
+                recovered_states,
+                catalog,
+                manifest.bindings,
+                candidates=None,
+                publish=publish,
+            )
         if preview.noop:
-            return apply_result(cid, resolved, plan, {}, preview, recovered=[], noop=True)
+            return apply_result(cid, packs, plan, {}, preview, recovered=[], noop=True)
         free = lease is None or lease.is_free(self.lease.now_us())
-        if abandoned and free:
+        if abandoned and free and preview.fast is None:
             # This release will be the next lease holder: its recovery turns every
             # abandoned attempt into failed_dirty (R12), so judge the catalog it will
             # publish after that, before any append (R11).
             simulate_release(
-                resolved,
+                packs,
                 plan,
                 recovered_states,
-                _after_recovery(catalog, abandoned),
+                after_recovery_of(catalog, abandoned),
                 manifest.bindings,
                 candidates=None,
                 publish=publish,
@@ -270,28 +305,123 @@ class ApplyHandler:
                 holder=lease.holder,
                 epoch=lease.epoch,
             )
-        return _Decided(cid, states, busy)
+        return _Decided(cid, packs, states, anchor, busy)
+
+    def _confirm_frozen(
+        self,
+        conn: Connection,
+        seen: Anchor | None,
+        anchor: Anchor | None,
+        manifest: Manifest,
+        packs: list[Pack],
+        base: Path,
+    ) -> list[Pack]:
+        """The release's packs with every frozen one still frozen at this snapshot;
+        any other is resolved from its source now (a pack moved since it was read)."""
+        was = {r.index: r for r in packs if isinstance(r, FrozenPack)}
+        if not was:
+            return packs
+        if (
+            seen is not None
+            and anchor is not None
+            and seen.head == anchor.head
+            and not any(r.name in anchor.moved for r in was.values())
+        ):  # the same revision in force, and none of them moved since its cut
+            return packs
+        still = (
+            frozen_packs(self.ledger.recorder, conn, anchor, manifest, base)
+            if anchor is not None
+            else {}
+        )
+        thaw = [i for i in was if i not in still]
+        if not thaw:
+            return packs
+        skip = [i for i in range(len(manifest.packs)) if i not in thaw]
+        fresh = {r.index: r for r in resolve_packs(manifest.packs, base=base, skip=skip)}
+        return [cast(Pack, fresh.get(r.index, r)) for r in packs]
+
+    def _fast(
+        self,
+        reader: Repository,
+        anchor: Anchor,
+        packs: Sequence[Pack],
+        plan: Plan,
+        states: Mapping[PackName, PackState],
+        manifest: Manifest,
+        *,
+        candidates: Mapping[str, str] | None,
+        publish: bool,
+    ) -> Release | None:
+        """The release built on the parent revision (R30), or ``None`` when the full
+        build must decide (it names every problem)."""
+        given: dict[str, PackAuthority | None] = {}
+        for r in packs:
+            decision = plan[r.name][0]
+            if isinstance(r, FrozenPack):
+                continue
+            state = states[PackName.trusted(r.name)]
+            revision = r.source.revision or ""
+            if decision in (Decision.INSTALL, Decision.ADVANCE):
+                install_id = (candidates or {}).get(r.name) or _predicted(r, state)
+                epoch = state.activation.epoch + 1 if state.activation else 1
+                given[r.name] = content_authority(r.name, install_id, revision, epoch, r.content)
+            elif decision is Decision.ADOPT:
+                assert state.legacy is not None
+                given[r.name] = content_authority(
+                    r.name, state.legacy.install_id, revision, 1, r.content
+                )
+            elif decision is Decision.LOCAL_UPDATE:
+                given[r.name] = PackAuthority(pack=r.name, source_kind="local_path")
+            else:
+                given[r.name] = authority_of(state)
+        removals = removals_of(plan)
+        removed = [removal_outcome(states[p]) for p in removals]
+        for pack in removals:
+            given[pack] = None
+        frozen = [r for r in packs if isinstance(r, FrozenPack)]
+        try:
+            fast = simulate_fast(
+                self.ledger,
+                reader.conn,
+                anchor,
+                frozen,
+                given,
+                manifest.bindings,
+                {p: i for i, p in enumerate(removals)},
+                publish=publish,
+            )
+        except (PublicationRejected, FullBuildDue):
+            return None
+        unchanged = all(decision is Decision.UNCHANGED for decision, _ in plan.values())
+        return Release(
+            changes=fast.changes,
+            publication=fast.publication,
+            fence_ids=fast.fence_ids,
+            noop=unchanged and fast.unchanged,
+            authorities=fast.authorities,
+            removed=removed,
+            fast=fast,
+        )
 
     def _under_lease(
         self,
         handle: LeaseHandle,
         decided: _Decided,
         manifest: Manifest,
-        resolved: Sequence[ResolvedPack],
         request_digest: str,
         publish: bool,
     ) -> ApplyResult:
         """Prepare the candidates, then the one final append (R8), holding the lease."""
-        cid = decided.cid
+        cid, packs = decided.cid, decided.packs
         with self.ledger.snapshot() as reader:
             prior = self.uow.recorded(reader, cid, "apply", request_digest)
             states = reader.pack_states(decided.states)
         if prior is not None:  # an identical copy finished between our read and our lease
             return cast(ApplyResult, {**prior, "replayed": True})
-        plan = self._plan(resolved, states, manifest)
+        plan = self._plan(packs, states, manifest)
         to_prepare = [
             (r, cmd)
-            for r in resolved
+            for r in packs
             for decision, cmd in [plan[r.name]]
             if cmd is not None and decision in (Decision.INSTALL, Decision.ADVANCE)
         ]
@@ -299,19 +429,16 @@ class ApplyHandler:
             # Fenced on the states this plan was made from (no second read of them).
             prepared = {p: states[p] for p in (PackName.trusted(r.name) for r, _ in to_prepare)}
             candidates = (
-                self.steps.prepare(handle, to_prepare, states=prepared) if to_prepare else {}
+                self.steps.prepare(
+                    handle, [(cast(ResolvedPack, r), c) for r, c in to_prepare], states=prepared
+                )
+                if to_prepare
+                else {}
             )
         try:
             with phase("final_append"):
                 return self._finish(
-                    handle,
-                    cid,
-                    request_digest,
-                    resolved,
-                    plan,
-                    candidates,
-                    manifest.bindings,
-                    publish=publish,
+                    handle, decided, cid, request_digest, manifest, plan, candidates, publish
                 )
         except LedgerError as exc:
             self._abandon(handle, candidates, exc)
@@ -320,65 +447,120 @@ class ApplyHandler:
     def _finish(
         self,
         handle: LeaseHandle,
+        decided: _Decided,
         cid: str,
         request_digest: str,
-        resolved: Sequence[ResolvedPack],
-        plan: Mapping[str, tuple[Decision, Command | None]],
+        manifest: Manifest,
+        plan: Plan,
         candidates: Mapping[str, str],
-        desired: Sequence[BindingSpec] | None,
-        *,
         publish: bool,
     ) -> ApplyResult:
         """The final append of a release: activations + bindings + revision + record."""
+        packs, desired = decided.packs, manifest.bindings
+        frozen = {r.name for r in packs if isinstance(r, FrozenPack)}
+        precommit: Precommit | None = None
         with self.ledger.snapshot() as reader:
-            states = reader.pack_states(_names(resolved, None, plan))
-            catalog = read_catalog_in_force(
-                self.ledger, reader.conn, states=states, extra=_bound(desired)
-            )
-            release = simulate_release(
-                resolved, plan, states, catalog, desired, candidates=candidates, publish=publish
-            )
+            names = [n for n in pack_names(packs, None, plan) if n not in frozen]
+            states = reader.pack_states(names)
+            release: Release | None = None
+            anchor = None
+            head = None
+            if decided.anchor is not None:
+                anchor = read_anchor(self.ledger, reader.conn, reuse=decided.anchor)
+                if anchor is None or anchor.head != decided.anchor.head or frozen & anchor.moved:
+                    raise Conflict(
+                        "state changed since it was read: the revision in force or a pack "
+                        "the release leaves as it is moved",
+                        rule="R11",
+                    )
+                release = self._fast(
+                    reader,
+                    anchor,
+                    packs,
+                    plan,
+                    states,
+                    manifest,
+                    candidates=candidates,
+                    publish=publish,
+                )
+                head = anchor.head
+            if release is None:
+                states = reader.pack_states(pack_names(packs, None, plan))
+                catalog = read_catalog_in_force(
+                    self.ledger, reader.conn, states=states, extra=bound_packs(desired)
+                )
+                release = simulate_release(
+                    packs, plan, states, catalog, desired, candidates=candidates, publish=publish
+                )
+                head = catalog.head
             versions = self.ledger.recorder.versions(reader.conn, release.fence_ids)
             extra: list[Aggregate] = list(binding_aggregates(reader, release.changes, versions))
             publication = release.publication
             if publication.event is not None:
                 assert publication.built is not None
-                digests = publication.built.audience_digests
-                revision, read_at = revision_aggregates(
-                    reader, catalog.head, publication, lambda: digests
-                )
+                fast = release.fast
+                if fast is not None and fast.revision is not None:
+                    everything = fast.revision.everything
+                    inc = fast.revision
+                    precommit = kept_fragments.writer(
+                        inc.next.fragments, inc.next.changes if inc.content.kept else None
+                    )
+                else:
+                    digests = publication.built.audience_digests
+                    everything = lambda: digests  # noqa: E731
+                revision, read_at = revision_aggregates(reader, head, publication, everything)
                 extra.extend(revision)
                 versions.update(read_at)
+            # The revision claims every binding event before it (its cut is None): a
+            # grant to any audience after this read, even one the release never saw,
+            # refuses the append (R11), as a lifecycle event of a pack it relied on does.
+            if release.fast is not None and anchor is not None:
+                fence = self.uow.read_fence(anchor.position, release.fast.relied_packs, None)
+            else:
+                fence = self.uow.read_fence(catalog.position, (), None)
+            precommit = fence if precommit is None else then(fence, precommit)
         result = apply_result(
-            cid, resolved, plan, candidates, release, recovered=list(handle.recovered), noop=False
+            cid, packs, plan, candidates, release, recovered=list(handle.recovered), noop=False
         )
         record = CommandRecord(
             command_id=cid, kind="apply", request_digest=request_digest, result=dict(result)
         )
+        resolved = [r for r in packs if isinstance(r, ResolvedPack)]
         self.steps.activate(
             handle,
             candidates,
             adoptions=[r for r in resolved if plan[r.name][0] is Decision.ADOPT],
             local_updates=[r for r in resolved if plan[r.name][0] is Decision.LOCAL_UPDATE],
-            removals=_removals(plan),
+            removals=removals_of(plan),
             record=record,
             extra=extra,
             fence=versions,
             states=states,
+            precommit=precommit,
         )
         return result
 
     def _plan(
         self,
-        resolved: Sequence[ResolvedPack],
+        packs: Sequence[Pack],
         states: Mapping[PackName, PackState],
         manifest: Manifest,
     ) -> dict[str, tuple[Decision, Command | None]]:
         plan: dict[str, tuple[Decision, Command | None]] = {}
         commands: dict[PackName, Command] = {}
-        for r in resolved:
+        for r in packs:
             pack = PackName.trusted(r.name)
+            if isinstance(r, FrozenPack) and pack not in states:
+                # Confirmed at the anchor, and fenced on it until the final append (R30).
+                plan[r.name] = (Decision.UNCHANGED, None)
+                continue
             decision, command = decide(states[pack], r.target)
+            if isinstance(r, FrozenPack) and decision is not Decision.UNCHANGED:
+                raise Conflict(
+                    f"pack {r.name!r} moved since the release found it unchanged",
+                    rule="R11",
+                    pack=r.name,
+                )
             plan[r.name] = (decision, command)
             if command is not None:
                 commands[pack] = command
@@ -404,165 +586,12 @@ class ApplyHandler:
                 )
 
 
-def _names(
-    resolved: Sequence[ResolvedPack],
-    manifest: Manifest | None,
-    plan: Mapping[str, tuple[Decision, Command | None]] | None = None,
-) -> list[PackName]:
-    """Every pack a release reads the state of: its packs, then its removals."""
-    removals = list(manifest.remove) if manifest is not None else _removals(plan or {})
-    return [PackName.trusted(r.name) for r in resolved] + removals
+def _merged(frozen: Mapping[int, FrozenPack], resolved: Sequence[ResolvedPack]) -> list[Pack]:
+    """The manifest's packs in its order: frozen ones and resolved ones."""
+    out: dict[int, Pack] = {**frozen, **{r.index: r for r in resolved}}
+    return [out[i] for i in sorted(out)]
 
 
-def _bound(desired: Sequence[BindingSpec] | None) -> set[str]:
-    """The packs a manifest's bindings name (their authority is read with the release's)."""
-    return {spec.pack for spec in desired or ()}
-
-
-def _removals(plan: Mapping[str, tuple[Decision, Command | None]]) -> list[PackName]:
-    return [PackName.trusted(p) for p, (d, _) in plan.items() if d is Decision.REMOVE]
-
-
-def _removal_outcome(state: PackState) -> PackOutcome:
-    """What removing ``state``'s pack retires: its active generation (the pointer moves
-    to none with epoch + 1) or its local_path record (R7)."""
-    problem = rejection(Remove(), state)
-    if problem is not None:  # the state moved since the plan: the matrix names why
-        raise problem.error(state.pack)
-    if state.local is not None and not state.local.removed:
-        local = state.local
-        return {
-            "pack": state.pack,
-            "decision": Decision.REMOVE.value,
-            "source_kind": "local_path",
-            "revision": None,
-            "payload_hash": local.payload_hash,
-            "install_id": local.install_id,
-            "epoch": None,
-        }
-    activation = state.activation
-    assert activation is not None and activation.payload_hash is not None
-    return {
-        "pack": state.pack,
-        "decision": Decision.REMOVE.value,
-        "source_kind": "official_repo",
-        "revision": activation.revision,
-        "payload_hash": activation.payload_hash,
-        "install_id": activation.install_id,
-        "epoch": activation.epoch + 1,
-    }
-
-
-def simulate_release(
-    resolved: Sequence[ResolvedPack],
-    plan: Mapping[str, tuple[Decision, Command | None]],
-    states: Mapping[PackName, PackState],
-    catalog: CatalogInForce,
-    desired: Sequence[BindingSpec] | None,
-    *,
-    candidates: Mapping[str, str] | None,
-    publish: bool,
-) -> Release:
-    """What the release will serve: simulated authorities, bindings, the revision.
-
-    With ``candidates=None`` (preflight) install ids are predicted exactly as
-    ``prepare`` will mint them; validation raises before anything is written.
-    """
-    packs = dict(catalog.packs)
-    for r in resolved:
-        decision, _ = plan[r.name]
-        state = states[PackName.trusted(r.name)]
-        revision = r.source.revision or ""
-        if decision in (Decision.INSTALL, Decision.ADVANCE):
-            install_id = (candidates or {}).get(r.name) or install_id_for(
-                r.name, revision, r.content.payload_hash_v1, state.next_ordinal
-            )
-            epoch = state.activation.epoch + 1 if state.activation else 1
-            packs[r.name] = content_authority(r.name, install_id, revision, epoch, r.content)
-        elif decision is Decision.ADOPT:
-            assert state.legacy is not None
-            packs[r.name] = content_authority(
-                r.name, state.legacy.install_id, revision, 1, r.content
-            )
-        elif decision is Decision.LOCAL_UPDATE:
-            packs[r.name] = PackAuthority(pack=r.name, source_kind="local_path")
-    removals = _removals(plan)
-    removed = [_removal_outcome(states[p]) for p in removals]
-    for pack in removals:  # R7: nothing of a removed pack is served after the release
-        packs.pop(pack, None)
-    check_removals(catalog.bindings, desired, {p: i for i, p in enumerate(removals)})
-    check_binding_credentials(desired, packs)
-    rows, changes = plan_bindings(catalog.bindings, desired, packs)
-    # A pack left failed_dirty by an abandoned attempt blocks publication (R12),
-    # but not a release that does not bind it anew: that release applies and
-    # says what still blocks publication.
-    publication = plan_publication(
-        CatalogInput(rows, packs),
-        catalog.parent,
-        None,
-        defer_if_dirty=[c.row for c in changes if c.op != "revoke"],
-    )
-    if not publish:
-        publication = PublishPlan(publication.built, publication.parent, None, publication.blocked)
-    used = {row.pack for row in rows} | set(catalog.parent.activations)
-    audiences = (
-        {row.audience for row in rows}
-        | {c.row.audience for c in changes}
-        | set(catalog.parent.audiences)
-    )
-    unchanged = all(decision is Decision.UNCHANGED for decision, _ in plan.values())
-    return Release(
-        changes=changes,
-        publication=publication,
-        fence_ids=fence_ids(catalog.newest, used, audiences),
-        noop=unchanged and not changes and not publication.changed,
-        authorities=packs,
-        removed=removed,
-    )
-
-
-def apply_result(
-    cid: str,
-    resolved: Sequence[ResolvedPack],
-    plan: Mapping[str, tuple[Decision, Command | None]],
-    candidates: Mapping[str, str],
-    release: Release,
-    *,
-    recovered: list[RecoveredAttempt],
-    noop: bool,
-) -> ApplyResult:
-    packs: list[PackOutcome] = []
-    for r in resolved:
-        decision = plan[r.name][0]
-        authority = release.authorities.get(r.name)
-        moved = decision in (Decision.INSTALL, Decision.ADVANCE, Decision.ADOPT)
-        epoch = authority.epoch if authority is not None and moved else None
-        packs.append(
-            {
-                "pack": r.name,
-                "decision": decision.value,
-                "source_kind": r.source.kind.value,
-                "revision": r.source.revision,
-                "payload_hash": r.content.payload_hash_v1,
-                "install_id": candidates.get(r.name),
-                "epoch": epoch,
-            }
-        )
-    packs.extend(release.removed)
-    bindings: BindingChanges = {"granted": [], "rebound": [], "revoked": []}
-    names: dict[str, Literal["granted", "rebound", "revoked"]] = {
-        "grant": "granted",
-        "rebind": "rebound",
-        "revoke": "revoked",
-    }
-    for change in release.changes:
-        bindings[names[change.op]].append(cast(BindingOutcome, change.to_json()))
-    return {
-        "command_id": cid,
-        "noop": noop,
-        "replayed": False,
-        "packs": packs,
-        "bindings": bindings,
-        "catalog": catalog_outcome(release.publication),
-        "recovered": recovered,
-    }
+def _predicted(r: ResolvedPack, state: PackState) -> str:
+    """The install id ``prepare`` will mint for ``r`` (R6)."""
+    return install_id_for(r.name, r.source.revision or "", r.payload_hash, state.next_ordinal)

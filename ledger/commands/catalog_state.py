@@ -262,6 +262,7 @@ class ParentContent:
     _blob: bytes | None = field(default=None, repr=False)
     _offsets: list[int] = field(default_factory=list, repr=False)
     _units: list[tuple[bytes, bytes]] = field(default_factory=list, repr=False)
+    _bindings: dict[tuple[str, ...], BindingRow] | None = field(default=None, repr=False)
 
     def packs(self) -> set[str]:
         return self.fragments.packs()
@@ -292,6 +293,15 @@ class ParentContent:
                 hashes[pack] = entry[4] if entry else ""
             out.append(BindingRow(g[0], g[1], pack, g[3], g[4], g[5], g[6], hashes[pack]))
         return out
+
+    def all_bindings(self) -> dict[tuple[str, ...], BindingRow]:
+        """Every audience's bindings at the parent's cut, by ident (a fresh dict each
+        call; parsed once)."""
+        if self._bindings is None:
+            self._bindings = {
+                row.ident: row for a in sorted(self.audiences()) for row in self.bindings_of(a)
+            }
+        return dict(self._bindings)
 
     def digest_of(self, audience: Audience, facts: Mapping[str, Mapping[Any, str]]) -> str:
         """The audience's view digest at the parent, from its grants and the packs' facts

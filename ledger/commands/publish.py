@@ -27,7 +27,7 @@ from ledger.commands.publishing import (
     revision_aggregates,
 )
 from ledger.commands.results import PublishResult
-from ledger.commands.unit_of_work import UnitOfWork
+from ledger.commands.unit_of_work import UnitOfWork, then
 from ledger.log.append import Precommit
 from ledger.observability import bind, logged_command
 from ledger.store import kept_fragments
@@ -48,14 +48,6 @@ class StagedPublication:
     aggregates: list[Aggregate]
     fence: dict[UUID, int]
     unchanged: Precommit
-
-
-def _then(first: Precommit, second: Precommit) -> Precommit:
-    def both(conn: Connection) -> None:
-        first(conn)
-        second(conn)
-
-    return both
 
 
 @dataclass(frozen=True)
@@ -128,7 +120,7 @@ class PublishHandler:
         # lineage, every pack and every audience the parent or this revision binds.
         unchanged = self.uow.read_fence(planned.position, planned.used, planned.audiences)
         if planned.keep is not None:  # the revision's fragments, kept in its own transaction
-            unchanged = _then(unchanged, planned.keep)
+            unchanged = then(unchanged, planned.keep)
         return StagedPublication(result, [*aggregates, record], versions, unchanged)
 
     def _plan_publication(self, conn: Connection) -> _Planned:

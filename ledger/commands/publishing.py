@@ -22,7 +22,7 @@ are exactly the full build's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 from uuid import UUID
@@ -139,6 +139,7 @@ def _parent_state(
     if head is None:
         return ParentState()
     facts: dict[str, Any] = {}
+    served = parent.audiences()
     return ParentState(
         revision=head.revision,
         content_digest=head.content_digest,
@@ -149,8 +150,8 @@ def _parent_state(
         },
         audiences={
             a: parent.digest_of(a, facts)
-            for a in (parent.audiences() if audiences is None else audiences)
-            if a in parent.audiences()
+            for a in (served if audiences is None else audiences)
+            if a in served
         },
     )
 
@@ -207,25 +208,55 @@ def read_from_fragments(ledger: Ledger, conn: Connection) -> IncrementalRevision
         return None
     changes = state.pending_changes(recorder, conn, head.cut)
     moved = state.moved_packs(recorder, conn, head.cut)
-    parent_packs = parent.packs()
     affected = {c.row.audience for c in changes}
-    for users in parent.binding_audiences(moved & parent_packs).values():
+    for users in parent.binding_audiences(moved & parent.packs()).values():
         affected |= users
-    if len(affected) > INCREMENTAL_LIMIT * len(parent.fragments.sections[GRANTS]):
-        raise FullBuildDue("too much changed for reuse to pay")
+    limit_reuse(parent, affected)
     now: dict[tuple[str, ...], BindingRow] = {}
     for audience in affected:
         for row in parent.bindings_of(audience):
             now[row.ident] = row
     state.apply_changes(now, changes)
     bindings = [now[k] for k in sorted(now)]
+    return incremental_build(ledger, conn, position, head, parent, affected, bindings, moved)
+
+
+def limit_reuse(parent: ParentContent, affected: Collection[Audience]) -> None:
+    """``FullBuildDue`` when so many audiences changed that the full build is cheaper."""
+    if len(affected) > INCREMENTAL_LIMIT * len(parent.fragments.sections[GRANTS]):
+        raise FullBuildDue("too much changed for reuse to pay")
+
+
+def incremental_build(
+    ledger: Ledger,
+    conn: Connection,
+    position: int,
+    head: LogHead,
+    parent: ParentContent,
+    affected: set[Audience],
+    bindings: list[BindingRow],
+    moved: Collection[str],
+    given: Mapping[str, PackAuthority | None] | None = None,
+) -> IncrementalRevision:
+    """The next revision after ``parent`` once the ``affected`` audiences have
+    ``bindings`` (all theirs, sorted by ident), validated completely (R16).
+
+    ``moved``: packs whose authority is not the parent's (re-read from the log);
+    ``given``: authorities the caller already decided (a release's simulated
+    candidates; ``None``: the pack is removed), used as they are. Every other pack
+    these audiences bind or bound has the parent's authority: its activation entry
+    and that generation's components (R13). Raises ``PublicationRejected`` as the full
+    build would reject, and ``FullBuildDue`` when the full build is the one to run."""
+    given = given or {}
+    parent_packs = parent.packs()
     touched = {b.pack for b in bindings}
     for audience in affected:
         touched.update(g[2] for g in parent.grants_of(audience))
-    steady = (touched & parent_packs) - moved
-    packs = state.parent_authorities(recorder, conn, parent, steady)
-    fresh, _ = state.log_authorities(ledger.repository(conn), touched - steady)
+    steady = (touched & parent_packs) - set(moved) - set(given)
+    packs = state.parent_authorities(ledger.recorder, conn, parent, steady)
+    fresh, _ = state.log_authorities(ledger.repository(conn), touched - steady - set(given))
     packs.update(fresh)
+    packs.update({p: a for p, a in given.items() if a is not None and p in touched})
     problems = validate(CatalogInput(bindings, packs))
     if problems:
         raise PublicationRejected(problems)

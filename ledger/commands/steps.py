@@ -23,6 +23,7 @@ from domain.matrix import Activate, Adopt, Command, Fail, LocalUpdate, Remove
 from domain.records import LocalPack
 from ledger.commands.unit_of_work import UnitOfWork
 from ledger.commands.writer_lease import LeaseHandle
+from ledger.log.append import Precommit
 from ledger.sources.resolve import ResolvedPack
 
 
@@ -97,6 +98,7 @@ class LifecycleSteps:
         extra: Sequence[Aggregate] = (),
         fence: Mapping[UUID, int] | None = None,
         states: Mapping[PackName, PackState] | None = None,
+        precommit: Precommit | None = None,
     ) -> dict[str, int]:
         """One append (R8): candidates active, pointers +1, predecessors retired,
         adoptions, local in-place updates and removals recorded; returns pack -> epoch
@@ -153,6 +155,7 @@ class LifecycleSteps:
             extra=[*extra, *([record] if record else [])],
             fence=fence,
             states=states,
+            precommit=precommit,
         )
         return epochs
 

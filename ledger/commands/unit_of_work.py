@@ -96,6 +96,16 @@ def terminal_check(
     return terminal
 
 
+def then(first: Precommit, second: Precommit) -> Precommit:
+    """A precommit running ``first``, then ``second``."""
+
+    def both(conn: Connection) -> None:
+        first(conn)
+        second(conn)
+
+    return both
+
+
 # -- read fences --------------------------------------------------------------------------
 
 #: What a read fence watches: lifecycle and binding events, the catalog lineage.
@@ -108,13 +118,15 @@ def unchanged_since(
     recorder: LedgerRecorder,
     position: int,
     packs: Collection[str],
-    audiences: Collection[tuple[str, str]],
+    audiences: Collection[tuple[str, str]] | None,
 ) -> Precommit:
     """A precommit refusing the append (``Conflict``) if, after ``position``, the catalog
     lineage moved, any of ``packs`` had a lifecycle event (the authority it decided on) or
-    any of ``audiences`` a binding event (the bindings it validated or reused). Reads the
+    any of ``audiences`` a binding event (the bindings it validated or reused; ``None``:
+    any audience, for a revision that claims every binding event before it). Reads the
     (usually no) events appended since, by position."""
-    wanted, who = set(packs), set(audiences)
+    wanted = set(packs)
+    who = None if audiences is None else set(audiences)
 
     def check(conn: Connection) -> None:
         for event in recorder.decoded_after(conn, after=position, topics=FENCED_TYPES):
@@ -123,6 +135,7 @@ def unchanged_since(
                 continue
             if (
                 event.type in BINDING_TYPES
+                and who is not None
                 and (d.get("audience_kind"), d.get("audience_id")) not in who
             ):
                 continue
@@ -158,11 +171,13 @@ class UnitOfWork:
         extra: Sequence[Aggregate] = (),
         states: Mapping[PackName, PackState] | None = None,
         fence: Mapping[UUID, int] | None = None,
+        precommit: Precommit | None = None,
     ) -> None:
         """Preflight, build, and append with the terminal re-check inside the transaction.
 
         ``fence`` adds versions of aggregates read for the decision besides the
-        packs' own (catalog, audiences, packs the catalog uses).
+        packs' own (catalog, audiences, packs the catalog uses); ``precommit`` runs
+        after the terminal check, under the same lock (a read fence, kept fragments).
         """
         if states is None:
             with self.ledger.snapshot() as reader:
@@ -174,7 +189,8 @@ class UnitOfWork:
             versions.update(state.fence())
         aggregates = build(states)  # after the fence: building moves aggregate versions
         terminal = terminal_check(self.ledger.repository, commands, max_epoch=self.max_epoch)
-        self.fenced_save(handle, *aggregates, *extra, fence=versions, precommit=terminal)
+        checks = terminal if precommit is None else then(terminal, precommit)
+        self.fenced_save(handle, *aggregates, *extra, fence=versions, precommit=checks)
 
     def fenced_save(
         self,
@@ -195,7 +211,10 @@ class UnitOfWork:
             raise
 
     def read_fence(
-        self, position: int, packs: Collection[str], audiences: Collection[tuple[str, str]]
+        self,
+        position: int,
+        packs: Collection[str],
+        audiences: Collection[tuple[str, str]] | None,
     ) -> Precommit:
         """``unchanged_since`` on this store: refuse the append if what was read at
         ``position`` moved (R11)."""

@@ -7,7 +7,7 @@ or the file and field inside ``pack.json``; nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,14 @@ class ResolvedPack:
         return self.content.name
 
     @property
+    def payload_hash(self) -> str:
+        return self.content.payload_hash_v1
+
+    @property
+    def category(self) -> str:
+        return self.content.category
+
+    @property
     def target(self) -> Target:
         return Target(
             category=self.content.category,
@@ -53,10 +61,16 @@ def resolve_manifest(path: Path) -> tuple[Manifest, list[ResolvedPack]]:
     return manifest, resolve_packs(manifest.packs, base=path.resolve().parent)
 
 
-def resolve_packs(packs: Sequence[ManifestPack], *, base: Path) -> list[ResolvedPack]:
+def resolve_packs(
+    packs: Sequence[ManifestPack], *, base: Path, skip: Collection[int] = ()
+) -> list[ResolvedPack]:
+    """Resolve the packs of a manifest, in its order, but those at indices in ``skip``
+    (``ResolvedPack.index`` and error paths keep the manifest's indices)."""
     by_repo: dict[Path, list[tuple[int, ManifestPack, OfficialSource]]] = {}
     resolved: dict[int, ResolvedPack] = {}
     for index, pack in enumerate(packs):
+        if index in skip:
+            continue
         if isinstance(pack.source, OfficialSource):
             repo = repo_path(pack.source.repo, base, index)
             by_repo.setdefault(repo, []).append((index, pack, pack.source))
@@ -65,4 +79,4 @@ def resolve_packs(packs: Sequence[ManifestPack], *, base: Path) -> list[Resolved
     for repo, items in by_repo.items():
         for index, (source, content) in read_official(repo, items).items():
             resolved[index] = ResolvedPack(index, source, content)
-    return [resolved[i] for i in range(len(packs))]
+    return [resolved[i] for i in range(len(packs)) if i not in skip]

@@ -1,0 +1,268 @@
+"""A release whose cost follows its change (R30): what ``apply`` decides on when a
+parent revision exists, read in time proportional to what moved.
+
+The anchor is the revision in force as the log committed it (``catalog_state``): its
+verified content (the kept fragments), and the binding and lifecycle events after its
+cut (O(events since)). From it:
+
+* **frozen packs** — an ``official_repo`` pack of the manifest whose
+  ``(repo, revision, path)`` equals the frozen source of the generation the parent
+  binds, with no lifecycle event since the cut and no attempt after that generation
+  (its history's newest attempt is it), is left as it is without being resolved
+  again (an ``official_repo@commit`` is immutable, R9): its payload hash and category
+  come from the pointer event that activated that generation, for the request digest
+  (R10) too. Two batched reads of small events over the manifest's packs (the
+  activation pointer's and the attempt history's last), no git, no parsing;
+* **the release's revision** is built as ``publish``'s incremental path builds one
+  (``publishing.incremental_build``): only the audiences whose bindings change, or
+  that bind a pack the release or the log moved, are validated and re-encoded, and the
+  fragments are kept for the next publication.
+
+Anything the fast path cannot decide alone (no parent, abandoned attempts to recover,
+too much changed, a rejection to name) gives way to the full build, whose errors are
+the ones users see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy.engine import Connection
+
+from domain.catalog import audience_bindings_id, catalog_id
+from domain.event_types import T_ADVANCED, T_REINSTALLED, T_STARTED
+from domain.lifecycle import SourceFacts, SourceKind, activation_id, history_id
+from domain.manifest import BindingSpec, Manifest, OfficialSource
+from domain.matrix import Target
+from ledger.commands import catalog_state as state
+from ledger.commands.catalog_state import Change, LogHead, ParentContent
+from ledger.commands.publishing import (
+    MAINTAINED,
+    IncrementalRevision,
+    incremental_build,
+    limit_reuse,
+)
+from ledger.log.recorder import LedgerRecorder
+from ledger.sources.git import repo_path
+from ledger.store.runtime import Ledger
+from projections.queries.status import require_running
+from publisher.catalog import BuiltCatalog, PackAuthority, ParentState
+from publisher.fragments import GRANTS
+from publisher.planning import (
+    BindingChange,
+    PublishPlan,
+    check_binding_credentials,
+    check_removals,
+    plan_bindings,
+    plan_built,
+)
+
+#: The pointer events that leave a pack active at a generation, with its frozen source.
+POINTED = frozenset({T_STARTED, T_ADVANCED, T_REINSTALLED})
+
+
+@dataclass(frozen=True)
+class FrozenPack:
+    """A manifest pack left as it is, known from the log without reading its source."""
+
+    index: int
+    name: str
+    source: SourceFacts
+    payload_hash: str
+    category: str
+    #: The parent's activation entry of the pack (``PackAuthority.entry()``'s order).
+    entry: list[Any]
+
+    @property
+    def target(self) -> Target:
+        return Target(category=self.category, source=self.source, payload_hash=self.payload_hash)
+
+
+@dataclass
+class Anchor:
+    """The revision in force as the log committed it and what happened after its cut."""
+
+    position: int
+    head: LogHead
+    parent: ParentContent
+    changes: list[Change]
+    moved: set[str]
+
+
+def read_anchor(ledger: Ledger, conn: Connection, reuse: Anchor | None = None) -> Anchor | None:
+    """The anchor at this snapshot (``None``: no revision with grants to build on).
+    ``reuse``: an anchor read earlier; its verified content is reused when the revision
+    in force is still the same event."""
+    recorder = ledger.recorder
+    require_running(conn, *MAINTAINED)
+    position = recorder.head_in(conn).position
+    head = state.log_head(recorder, conn)
+    if head is None:
+        return None
+    if reuse is not None and reuse.head == head:
+        parent = reuse.parent
+    else:
+        parent = ParentContent(*state.parent_fragments(conn, head))
+    if not parent.fragments.sections[GRANTS]:
+        return None
+    changes = state.pending_changes(recorder, conn, head.cut)
+    moved = state.moved_packs(recorder, conn, head.cut)
+    return Anchor(position, head, parent, changes, moved)
+
+
+def frozen_packs(
+    recorder: LedgerRecorder, conn: Connection, anchor: Anchor, manifest: Manifest, base: Path
+) -> dict[int, FrozenPack]:
+    """The manifest's packs (by index) that the release leaves as they are, from the log."""
+    wanted: dict[int, tuple[OfficialSource, list[Any]]] = {}
+    for index, pack in enumerate(manifest.packs):
+        source = pack.source
+        if not isinstance(source, OfficialSource) or pack.name in anchor.moved:
+            continue
+        entry = anchor.parent.entry(pack.name)
+        if entry is None or entry[2] != source.revision:
+            continue
+        wanted[index] = (source, entry)
+    if not wanted:
+        return {}
+    names = {index: str(manifest.packs[index].name) for index in wanted}
+    pointers = recorder.last_events(conn, [activation_id(n) for n in names.values()])
+    histories = recorder.last_events(conn, [history_id(n) for n in names.values()])
+    locators: dict[str, str] = {}
+    out: dict[int, FrozenPack] = {}
+    for index, (source, entry) in wanted.items():
+        name, install_id = names[index], entry[1]
+        pointer = pointers.get(activation_id(name))
+        newest = histories.get(history_id(name))
+        if (
+            pointer is None
+            or pointer.type not in POINTED
+            or newest is None
+            or newest.data.get("install_id") != install_id
+        ):
+            continue
+        data = pointer.data
+        frozen = data.get("source")
+        if (
+            data.get("pack") != name
+            or data.get("install_id") != install_id
+            or data.get("payload_hash") != entry[4]
+            or data.get("epoch") != entry[3]
+            or not isinstance(frozen, dict)
+            or not isinstance(data.get("category"), str)
+        ):
+            continue
+        if source.repo not in locators:  # the manifest's repo, as resolving it would name it
+            locators[source.repo] = str(repo_path(source.repo, base, index))
+        if (
+            frozen.get("kind") != SourceKind.OFFICIAL_REPO.value
+            or frozen.get("locator") != locators[source.repo]
+            or frozen.get("revision") != source.revision
+            or frozen.get("path") != source.path
+        ):
+            continue
+        out[index] = FrozenPack(
+            index=index,
+            name=name,
+            source=SourceFacts(
+                SourceKind.OFFICIAL_REPO, locators[source.repo], source.revision, source.path
+            ),
+            payload_hash=entry[4],
+            category=data["category"],
+            entry=list(entry),
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class FastRelease:
+    """What the release publishes, built incrementally, and what its append relies on."""
+
+    changes: list[BindingChange]
+    publication: PublishPlan
+    fence_ids: list[UUID]
+    authorities: dict[str, PackAuthority]
+    #: The incremental revision (``None``: nothing to publish).
+    revision: IncrementalRevision | None
+    #: Every pack the decision read: the append's read fence (R11), with every
+    #: binding event (the revision claims all of them before it: its cut is None).
+    relied_packs: set[str]
+
+    @property
+    def unchanged(self) -> bool:
+        return not self.changes and not self.publication.changed
+
+
+def simulate_fast(
+    ledger: Ledger,
+    conn: Connection,
+    anchor: Anchor,
+    frozen: Collection[FrozenPack],
+    given: Mapping[str, PackAuthority | None],
+    desired: Sequence[BindingSpec] | None,
+    removals: Mapping[str, int],
+    *,
+    publish: bool,
+) -> FastRelease:
+    """The release's bindings and revision on top of ``anchor``.
+
+    ``given``: the authority after the release of every manifest pack that was read
+    (candidates simulated, unchanged ones from their log state; ``None``: removed);
+    ``frozen`` packs keep the parent's. Raises what the full build raises before any
+    append for a binding problem it can name (R7 removals, R15 credential sets), and
+    ``PublicationRejected``/``FullBuildDue`` when the full build must decide."""
+    parent = anchor.parent
+    parent_packs = parent.packs()
+    auth: dict[str, PackAuthority] = {
+        f.name: PackAuthority.official(f.entry, {}, dirty=False) for f in frozen
+    }
+    auth.update({p: a for p, a in given.items() if a is not None})
+    current = state.apply_changes(parent.all_bindings(), anchor.changes)
+    bound = {s.pack for s in desired} if desired is not None else {r.pack for r in current.values()}
+    missing = bound - auth.keys() - set(given)
+    steady = (missing & parent_packs) - anchor.moved
+    auth.update({p: PackAuthority.official(parent.entry(p) or [], {}, dirty=False) for p in steady})
+    read, _ = state.log_authorities(ledger.repository(conn), missing - steady)
+    auth.update(read)
+    log_read: dict[str, PackAuthority | None] = {**given, **read}
+    check_removals(current.values(), desired, removals)
+    rows, changes = plan_bindings(current.values(), desired, auth)
+    granted = {c.row.ident for c in changes if c.op != "revoke"}
+    specs = [s for s in desired or () if s.credential_set is not None and s.sort_key() in granted]
+    if specs:  # R15 on the bindings this release grants or rebinds, with their components
+        lean = {s.pack for s in specs} - set(log_read)
+        with_components = {**auth, **state.parent_authorities(ledger.recorder, conn, parent, lean)}
+        check_binding_credentials(specs, with_components)
+    moved = anchor.moved | set(given)
+    affected = {c.row.audience for c in anchor.changes} | {c.row.audience for c in changes}
+    for users in parent.binding_audiences(moved & parent_packs).values():
+        affected |= users
+    relied_packs = parent_packs | bound | set(given) | {f.name for f in frozen}
+    fence = [
+        catalog_id(),
+        *(audience_bindings_id(*a) for a in sorted({c.row.audience for c in changes})),
+    ]
+    head = anchor.head
+    if not affected:  # nothing served changes: the parent stays in force
+        built = BuiltCatalog([], [], [], head.content_digest, {}, totals=dict(head.counts))
+        plan = plan_built(built, ParentState(head.revision, head.content_digest), None)
+        return FastRelease(changes, plan, fence, auth, None, relied_packs)
+    limit_reuse(parent, affected)
+    bindings = [row for row in rows if row.audience in affected]
+    revision = incremental_build(
+        ledger, conn, anchor.position, head, parent, affected, bindings, anchor.moved, log_read
+    )
+    plan = plan_built(revision.built, revision.parent, None)
+    if not publish:
+        plan = PublishPlan(plan.built, plan.parent, None)
+    auth.update({p: a for p, a in given.items() if a is not None})
+    return FastRelease(changes, plan, fence, auth, revision, relied_packs)
+
+
+def frozen_moved(anchor: Anchor, frozen: Collection[FrozenPack]) -> list[str]:
+    """The frozen packs with a lifecycle event since the anchor's cut (no longer frozen)."""
+    return sorted(f.name for f in frozen if f.name in anchor.moved)
