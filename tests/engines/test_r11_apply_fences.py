@@ -538,17 +538,6 @@ def test_r11_lifecycle_of_a_pack_the_release_neither_names_nor_binds_lets_it_thr
     assert activation is not None and activation.epoch == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "real bug (issue 27 item 4): apply's final append fences only the audiences it "
-        "read, yet its revision (bindings_position None: cut = its own position - 1) "
-        "claims every binding event before it; a grant to an audience the release never "
-        "saw lands inside the cut but outside the content: revision 2's content digest "
-        "does not match its content (verify_log replay), and the next publish is refused "
-        "as a view/log mismatch"
-    ),
-)
 def test_r11_binding_granted_to_a_new_audience_before_the_final_append_is_not_swallowed(
     world: World, stage: Stage, rogue: Rogue
 ) -> None:
@@ -556,14 +545,13 @@ def test_r11_binding_granted_to_a_new_audience_before_the_final_append_is_not_sw
     exist when the release read the bindings. Past the lease: a rogue writer appending a
     new binding aggregate (way 2). The release may refuse (CONFLICT) or publish without
     the grant, but then its revision must leave the grant pending (its cut before it):
-    either way the store audits clean and the next publication serves app:new."""
+    either way the store audits clean and the next publication serves app:new. The
+    release's revision claims every binding event before it, so its read fence covers
+    binding events of every audience: it is refused (CONFLICT), nothing of it appended."""
     outcome, seam = run_raced(stage, lambda: rogue.grant_closure("app:new", "other"))
     report = verify_log(world.ledger)
     assert report.ok, report.first()
-    if isinstance(outcome, Exception):
-        assert_refused_whole(world, outcome, seam, revision=1)
-    else:
-        assert_published(world, outcome, seam)
+    assert_refused_whole(world, outcome, seam, revision=1)
     follow = CommandService(world.ledger, clock=lambda: NOW).publish()
     assert (follow["published"], follow["counts"]["audiences"]) == (True, 4)
     report = verify_log(world.ledger)
