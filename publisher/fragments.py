@@ -15,13 +15,20 @@ audiences bind or bound, instead of re-reading every binding.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from publisher.catalog import Audience, BindingRow, ContentDigest, PackAuthority, digest_of
+from publisher.catalog import (
+    Audience,
+    BindingRow,
+    BuiltCatalog,
+    ContentDigest,
+    PackAuthority,
+    digest_of,
+)
 
 #: A fragment's key: a pack (``(pack, b"")``) or an audience (``(kind, id)``), as stored
 #: bytes, so that key order is the canonical (bytewise) order.
@@ -89,6 +96,30 @@ def audience_unit(audience: Audience) -> Unit:
 
 def encoded(entries: Sequence[list[Any]]) -> Fragment:
     return len(entries), orjson.dumps(list(entries))[1:-1]
+
+
+def fragments_of(built: BuiltCatalog, revision: int) -> Fragments:
+    """A whole revision built with its rows (``build_catalog(keep_rows=True)``) cut
+    into fragments, to be kept for the next publication."""
+    out = Fragments(revision, built.content_digest)
+    activations, facts, grants = out.sections
+    for entry in built.activations:
+        activations[pack_unit(entry[0])] = encoded([entry])
+    for unit, entries in _runs(built.facts, lambda e: pack_unit(e[0])).items():
+        facts[unit] = encoded(entries)
+    for unit, entries in _runs(built.grants, lambda g: audience_unit((g[0], g[1]))).items():
+        grants[unit] = encoded(entries)
+    return out
+
+
+def _runs(
+    entries: Sequence[list[Any]], unit_of: Callable[[list[Any]], Unit]
+) -> dict[Unit, list[list[Any]]]:
+    """``entries`` (in content order) grouped by unit, each group in that order."""
+    out: dict[Unit, list[list[Any]]] = {}
+    for entry in entries:
+        out.setdefault(unit_of(entry), []).append(entry)
+    return out
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ from ledger.sources.resolve import ResolvedPack, load_manifest, resolve_packs
 from ledger.store import kept_fragments
 from ledger.store.runtime import Ledger, Repository
 from publisher.catalog import PackAuthority, PublicationRejected
+from publisher.fragments import fragments_of
 from publisher.planning import content_authority
 
 __all__ = ["ApplyHandler", "Release", "lost_race", "simulate_release"]
@@ -506,8 +507,12 @@ class ApplyHandler:
                         inc.next.fragments, inc.next.changes if inc.content.kept else None
                     )
                 else:
-                    digests = publication.built.audience_digests
+                    built = publication.built
+                    digests = built.audience_digests
                     everything = lambda: digests  # noqa: E731
+                    # The full build kept its rows: keep them as the next one's fragments.
+                    whole = fragments_of(built, publication.event["revision"])
+                    precommit = kept_fragments.writer(whole, None)
                 revision, read_at = revision_aggregates(reader, head, publication, everything)
                 extra.extend(revision)
                 versions.update(read_at)

@@ -1,0 +1,150 @@
+"""R30: a release costs what it changes. ``apply`` decides on the revision in force
+(``ledger.commands.release``): an official pack whose immutable source equals its active
+generation's frozen one is not resolved again, the revision is built incrementally and
+keeps its fragments, and the outcome is what a full build gives. Real stores: SQLite
+file and MariaDB."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.apply import pack_files
+from bench.publish import audience_bindings, official_pack
+from domain.errors import InvalidInput
+from ledger.commands.catalog_state import log_head
+from ledger.commands.publish import PublishHandler
+from ledger.commands.publishing import read_catalog_in_force
+from ledger.commands.unit_of_work import UnitOfWork
+from ledger.store import kept_fragments
+from publisher.catalog import build_catalog
+from publisher.fragments import fragments_of
+from tests.support.gitrepo import Repo
+from tests.support.lifecycle_support import World
+
+PACKS = 6
+
+
+def write(world: World, repo: Repo, revisions: dict[int, str], name: str) -> Path:
+    manifest = {
+        "packs": [official_pack(n, repo.path, c) for n, c in revisions.items()],
+        "bindings": [b for n in revisions for b in audience_bindings(n, n)],
+    }
+    path = world.tmp / f"{name}.json"
+    path.write_text(json.dumps(manifest))
+    return path
+
+
+def catalog(world: World, packs: int = PACKS) -> tuple[Repo, dict[int, str]]:
+    """``packs`` packs in their own repository, applied and published once."""
+    repo = Repo(world.tmp / "packs")
+    base = repo.commit(pack_files(range(packs)))
+    revisions = dict.fromkeys(range(packs), base)
+    world.service.apply(write(world, repo, revisions, "first"))
+    return repo, revisions
+
+
+def kept_whole(world: World) -> bool:
+    with world.db.read() as conn:
+        head = log_head(world.ledger.recorder, conn)
+        assert head is not None
+        return (
+            kept_fragments.read(conn, head.revision, head.content_digest, head.counts) is not None
+        )
+
+
+def full_build_is_a_noop(world: World) -> bool:
+    """Does a full rebuild of the store's snapshot equal the revision in force?"""
+    staged = PublishHandler(world.ledger, UnitOfWork(world.ledger), incremental=False)
+    result = staged.stage_publication()
+    return isinstance(result, dict) and result["noop"]
+
+
+def test_r30_the_first_release_keeps_its_fragments_for_the_next(world: World) -> None:
+    catalog(world)
+    assert kept_whole(world)
+
+
+def test_r30_a_one_pack_release_leaves_the_others_unresolved(world: World) -> None:
+    """The unchanged packs' repository loses every object after the first release: a
+    release changing a pack of another repository still applies, so it never read them."""
+    repo, revisions = catalog(world)
+    other = Repo(world.tmp / "other")
+    changed = other.commit(pack_files(range(2, 3), release=1, changed=2))
+    shutil.rmtree(repo.path / ".git" / "objects")
+    (repo.path / ".git" / "objects").mkdir()
+    manifest = {
+        "packs": [
+            official_pack(n, other.path if n == 2 else repo.path, changed if n == 2 else c)
+            for n, c in revisions.items()
+        ],
+        "bindings": [b for n in revisions for b in audience_bindings(n, n)],
+    }
+    path = world.tmp / "one.json"
+    path.write_text(json.dumps(manifest))
+    result = world.service.apply(path)
+    decisions = {p["pack"]: p["decision"] for p in result["packs"]}
+    assert decisions == {
+        f"pack-{n:05d}": ("advance" if n == 2 else "unchanged") for n in range(PACKS)
+    }
+    assert result["catalog"]["published"] and kept_whole(world)
+    assert full_build_is_a_noop(world)
+
+
+def test_r30_a_pack_whose_source_path_moved_is_resolved_again(world: World) -> None:
+    """Same commit, another path: not the frozen source, so it is read (and here it is
+    missing: INVALID naming the field, nothing appended)."""
+    repo, revisions = catalog(world)
+    path = write(world, repo, revisions, "moved")
+    data = json.loads(path.read_text())
+    data["packs"][1]["source"]["path"] = "nowhere/pack.json"
+    path.write_text(json.dumps(data))
+    head = world.head()
+    with pytest.raises(InvalidInput) as info:
+        world.service.apply(path)
+    assert info.value.details["field"] == "packs[1].source.path"
+    assert world.head() == head
+
+
+def test_r30_a_noop_reapply_appends_nothing_and_equals_the_full_build(world: World) -> None:
+    repo, revisions = catalog(world)
+    head = world.head()
+    result = world.service.apply(write(world, repo, revisions, "again"))
+    assert result["noop"] and not result["catalog"]["published"]
+    assert world.head() == head
+    assert full_build_is_a_noop(world)
+
+
+def test_r30_an_exact_retry_of_a_frozen_release_is_recognized(world: World) -> None:
+    """R10: the request digest of frozen packs (hashes from the log) equals the resolved
+    one's: the same command id replays, it is not a different request."""
+    repo, revisions = catalog(world)
+    changed = repo.commit(pack_files(range(1, 2), release=1, changed=1))
+    path = write(world, repo, {**revisions, 1: changed}, "one")
+    first = world.service.apply(path, command_id="release-7")
+    again = world.service.apply(path, command_id="release-7")
+    assert again["replayed"] and {**again, "replayed": False} == first
+
+
+def test_r30_one_pack_releases_equal_the_full_build_and_keep_fragments(world: World) -> None:
+    repo, revisions = catalog(world)
+    for step in range(1, 4):
+        n = step % PACKS
+        revisions[n] = repo.commit(pack_files(range(n, n + 1), release=step, changed=n))
+        result = world.service.apply(write(world, repo, revisions, f"step-{step}"))
+        assert result["catalog"]["published"]
+        assert kept_whole(world) and full_build_is_a_noop(world)
+
+
+def test_r30_fragments_of_a_full_build_digest_to_its_content(world: World) -> None:
+    """The fragments a full build keeps are its content, unit by unit."""
+    catalog(world)
+    with world.db.read() as conn:
+        built = build_catalog(read_catalog_in_force(world.ledger, conn).input())
+    fragments = fragments_of(built, 1)
+    assert fragments.digest() == built.content_digest
+    assert fragments.counts() == built.counts
+    assert kept_fragments._labelled(fragments)
