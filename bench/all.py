@@ -34,7 +34,7 @@ BENCHES: list[tuple[str, list[str], int, int]] = [
     ("append", ["--events", "200", "--batch-events", "2000", "--repeat", "3"], 90, 3600),
     ("audit", ["--events", "60000", "--repeat", "3"], 90, 3600),
     ("import_jsonl", ["--events", "5000", "--repeat", "3"], 90, 3600),
-    ("apply", ["--packs", "30", "--among", "100", "--repeat", "3"], 90, 3600),
+    ("apply", ["--among", "25,100", "--repeat", "1"], 120, 7200),
     ("rebuild", ["--events", "20000", "--mysql-events", "5000", "--repeat", "3"], 90, 7200),
     ("publish", ["--scales", "1", "--repeat", "3"], 90, 7200),
     ("read", ["--reads", "500", "--repeat", "3"], 60, 3600),

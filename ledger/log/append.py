@@ -14,6 +14,13 @@ One append:
    bytes, inserts the rows, advances the head;
 5. runs the inline projection hooks in the same transaction (R8, R20).
 
+Each committed append records how long it held the head row, from the moment the
+head row is locked and read to the commit, in its appender's ``HeadLockHolds``
+(``Appender.head_lock_holds``, also ``LedgerRecorder.head_lock_holds``): the figure
+R30 bounds (a release's hold must follow what it changes, not the catalog's size),
+read by ``bench.apply`` after each apply. It costs two ``time.perf_counter`` calls
+and an uncontended lock per append.
+
 It runs on the DBAPI cursor with SQL written once for both dialects (only the
 placeholder and the row-lock clause differ): it is the hot path, and SQLAlchemy's
 per-statement overhead would dominate it.
@@ -22,8 +29,10 @@ per-statement overhead would dominate it.
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -63,6 +72,40 @@ class AppendResult:
         return [row.position for row in self.rows]
 
 
+@dataclass
+class HeadLockHolds:
+    """How long the committed appends of one appender held the head row (R30).
+
+    Seconds (``time.perf_counter``) from the moment an append has locked and read the
+    head row (``SELECT ... FOR UPDATE`` answered on the MySQL family; on SQLite the
+    same read, just after ``BEGIN IMMEDIATE`` took the write lock) to the moment its
+    commit returned. Recorded per committed append: ``last`` is the latest append's
+    hold (overwritten by the next one; ``None`` before any), ``count``, ``total`` and
+    ``longest`` accumulate until ``reset()``. An append refused or failed records
+    nothing. Appends of several threads through one appender each record under a lock.
+    ``clock`` is the clock the append reads (a test injects its own).
+    """
+
+    last: float | None = None
+    count: int = 0
+    total: float = 0.0
+    longest: float = 0.0
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def record(self, seconds: float) -> None:
+        with self._lock:
+            self.last = seconds
+            self.count += 1
+            self.total += seconds
+            self.longest = max(self.longest, seconds)
+
+    def reset(self) -> None:
+        """Forget every recorded hold (``last`` back to ``None``)."""
+        with self._lock:
+            self.last, self.count, self.total, self.longest = None, 0, 0.0, 0.0
+
+
 class RecordConflict(Conflict, IntegrityError):
     """A refused append: our CONFLICT, and the ``eventsourcing`` ``IntegrityError``.
 
@@ -88,6 +131,8 @@ class Appender:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        #: How long this appender's committed appends held the head row (R30).
+        self.head_lock_holds = HeadLockHolds()
         p = "?" if db.is_sqlite else "%s"
         self._p = p
         ev, hd = schema.events.name, schema.head.name
@@ -146,6 +191,7 @@ class Appender:
             try:
                 cursor.execute(self.sql_lock_head)
                 locked = cursor.fetchone()
+                held_from = self.head_lock_holds.clock()
                 crashpoint("append:head-locked")
                 if locked is None:
                     raise InvalidInput(
@@ -163,6 +209,7 @@ class Appender:
             for hook in hooks:
                 hook(conn, rows)
             crashpoint("append:before-commit")
+        self.head_lock_holds.record(self.head_lock_holds.clock() - held_from)
         crashpoint("append:committed")
         head = Head(rows[-1].position, rows[-1].chain) if rows else start
         return AppendResult(rows=rows, head=head)

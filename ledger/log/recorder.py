@@ -35,6 +35,7 @@ from ledger.log.append import (
     Appender,
     AppendResult,
     Head,
+    HeadLockHolds,
     InlineHook,
     Precommit,
 )
@@ -79,6 +80,12 @@ class LedgerRecorder(ApplicationRecorder):
         return self._appender.append(
             stored_events, fence=fence, precommit=precommit, hooks=self.inline_hooks
         )
+
+    @property
+    def head_lock_holds(self) -> HeadLockHolds:
+        """How long this recorder's committed appends held the head row, from locking
+        it to the commit (R30; ``ledger.log.append.HeadLockHolds``)."""
+        return self._appender.head_lock_holds
 
     def unchanged_since(self, position: int, aggregates: Callable[[], Iterable[UUID]]) -> Precommit:
         """A precommit refusing the append if any of ``aggregates`` has an event after

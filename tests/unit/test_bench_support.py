@@ -3,11 +3,15 @@ that speak no HTTP do not need httpx installed."""
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from bench.common import target_met
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,3 +54,69 @@ def test_bench_cli_runs_in_bench_all_with_each_peer_on_cached_bytecode(
     assert "PYTHONDONTWRITEBYTECODE" not in cached
     assert as_given["PYTHONDONTWRITEBYTECODE"] == "1" and "PYTHONPYCACHEPREFIX" not in as_given
     assert not any(k.startswith("CATALOG_LEDGER_") for k in (*cached, *as_given))
+
+
+def test_bench_apply_bounds_follow_issue_27() -> None:
+    """The first release's bound is (N2 log N2)/(N1 log N1), 112 as issue 27 writes it
+    for 250 -> 16000; a growth exponent is log(t2/t1)/log(N2/N1)."""
+    from bench import apply as bench_apply
+
+    assert bench_apply.n_log_n_bound(250, 16000) == 112.0
+    assert abs(16000 * math.log(16000) / (250 * math.log(250)) - 112.0) < 0.5
+    assert abs(bench_apply.n_log_n_bound(10, 100) - 20.0) < 1e-9
+    assert abs(bench_apply.growth(1.0, 4.0, 250, 1000) - 1.0) < 1e-9
+    assert abs(bench_apply.growth(2.0, 2.0, 250, 16000)) < 1e-9
+
+
+def test_bench_apply_prints_every_figure_and_bound_per_size_on_sqlite() -> None:
+    """Issue 27.8: ``bench.apply --among`` measures, per N, the first release (with its
+    peak RSS), the 1-pack release with its head-lock hold, the no-op re-apply (expected,
+    not an error) and the manifest-parse peer, then the growth exponents and the four
+    bounds, each PASS or MISS, each a SUMMARY line with its target."""
+    args = ["--among", "2,4", "--engines", "sqlite", "--repeat", "1"]
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.apply", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [
+        json.loads(line.removeprefix("SUMMARY "))
+        for line in out.stdout.splitlines()
+        if line.startswith("SUMMARY ")
+    ]
+    by_figure = {row["figure"]: row for row in rows}
+    for n in (2, 4):
+        assert f"N={n} " in out.stdout
+        for figure in (
+            f"first release of {n} packs (fresh store)",
+            f"first release of {n} packs: peak RSS",
+            f"release changing 1 pack among {n}",
+            f"head-lock hold, longest append of the 1-pack release among {n}",
+            f"head-lock hold, sum over the 1-pack release's appends among {n}",
+            f"no-op re-apply among {n}",
+        ):
+            assert by_figure[figure]["engine"] == "sqlite"
+            assert by_figure[figure]["value"] > 0, figure
+        assert by_figure[f"no-op re-apply among {n}"]["peer"] == f"manifest parse alone ({n} packs)"
+    assert "growth exponents" in out.stdout and "2->4" in out.stdout
+    bounds = [
+        "1-pack release among 4",
+        "no-op re-apply among 4",
+        "head-lock hold (longest) among 4",
+        "first release t(4)/t(2)",
+    ]
+    verdicts = [
+        line.split(maxsplit=1)
+        for line in out.stdout.splitlines()
+        if line.lstrip().startswith(("PASS ", "MISS "))
+    ]
+    assert all(rest.startswith(bound) for (_, rest), bound in zip(verdicts, bounds, strict=True))
+    for (verdict, _), bound in zip(verdicts, bounds, strict=True):
+        row = by_figure[f"bound: {bound} (2 -> 4)"]
+        assert row["target"].startswith("value<=") and row["peer"] == "bound"
+        assert target_met(row) is (row["value"] <= row["peer_value"])
+        assert verdict == ("PASS" if target_met(row) else "MISS")
