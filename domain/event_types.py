@@ -250,10 +250,25 @@ PRODUCT_TYPES: tuple[EventType, ...] = (
     EventType("activation.reinstalled", PA.Reinstalled, PA),
     _t("pack_history.opened", PH.Opened, PH, "domain.lifecycle:PackHistory.Opened"),
     _t("pack_history.attempted", PH.Attempted, PH, "domain.lifecycle:PackHistory.Attempted"),
-    _t("local_pack.installed", LP.Installed, LP, "domain.lifecycle:LocalPack.Installed"),
-    _t("local_pack.updated", LP.Updated, LP, "domain.lifecycle:LocalPack.Updated"),
+    # v2 (issue 27, R30): ``file_digest``, the SHA-256 hex of the raw ``pack.json`` the
+    # record was made from, so that apply parses a local pack only when its file changed
+    # (rows written before say nothing: read as null, and the file is parsed).
+    _t(
+        "local_pack.installed",
+        LP.Installed,
+        LP,
+        "domain.lifecycle:LocalPack.Installed",
+        {2: {"file_digest": None}},
+    ),
+    _t(
+        "local_pack.updated",
+        LP.Updated,
+        LP,
+        "domain.lifecycle:LocalPack.Updated",
+        {2: {"file_digest": None}},
+    ),
     EventType("local_pack.removed", LP.Removed, LP),
-    EventType("local_pack.reinstalled", LP.Reinstalled, LP),
+    EventType("local_pack.reinstalled", LP.Reinstalled, LP, added={2: {"file_digest": None}}),
     _t("legacy.imported", LR.Imported, LR, "domain.lifecycle:LegacyRecord.Imported"),
     _t("lease.opened", Lease.Opened, Lease, "domain.coordination:Lease.Opened"),
     _t("lease.acquired", Lease.Acquired, Lease, "domain.coordination:Lease.Acquired"),

@@ -32,6 +32,8 @@ class LocalPack(Aggregate):
         locator: str
         path: str
         payload_hash: str
+        #: Schema v2: SHA-256 hex of the raw ``pack.json`` bytes as read (v1 rows: None).
+        file_digest: str | None
 
     class Updated(Aggregate.Event):
         pack: str
@@ -39,6 +41,8 @@ class LocalPack(Aggregate):
         locator: str
         path: str
         payload_hash: str
+        #: Schema v2: as ``Installed.file_digest``.
+        file_digest: str | None
 
     class Removed(Aggregate.Event):
         """The local_path pack is removed: its compatibility-view row goes (R7)."""
@@ -56,6 +60,8 @@ class LocalPack(Aggregate):
         locator: str
         path: str
         payload_hash: str
+        #: Schema v2: as ``Installed.file_digest``.
+        file_digest: str | None
 
     @staticmethod
     def create_id(pack: str, **_: Any) -> UUID:
@@ -63,7 +69,14 @@ class LocalPack(Aggregate):
 
     @event(Installed)
     def __init__(
-        self, pack: str, install_id: str, category: str, locator: str, path: str, payload_hash: str
+        self,
+        pack: str,
+        install_id: str,
+        category: str,
+        locator: str,
+        path: str,
+        payload_hash: str,
+        file_digest: str | None,
     ) -> None:
         self.pack = pack
         self.install_id = install_id
@@ -71,17 +84,26 @@ class LocalPack(Aggregate):
         self.locator = locator
         self.path = path
         self.payload_hash = payload_hash
+        #: The raw ``pack.json`` digest the record was made from (None: a v1 row).
+        self.file_digest = file_digest
         self.incarnation = 1
         self.removed = False
 
     @event(Updated)
     def _updated(
-        self, pack: str, category: str, locator: str, path: str, payload_hash: str
+        self,
+        pack: str,
+        category: str,
+        locator: str,
+        path: str,
+        payload_hash: str,
+        file_digest: str | None,
     ) -> None:
         self.category = category
         self.locator = locator
         self.path = path
         self.payload_hash = payload_hash
+        self.file_digest = file_digest
 
     @event(Removed)
     def _removed(self, pack: str, install_id: str) -> None:
@@ -97,6 +119,7 @@ class LocalPack(Aggregate):
         locator: str,
         path: str,
         payload_hash: str,
+        file_digest: str | None,
     ) -> None:
         self.install_id = install_id
         self.incarnation = incarnation
@@ -104,17 +127,27 @@ class LocalPack(Aggregate):
         self.locator = locator
         self.path = path
         self.payload_hash = payload_hash
+        self.file_digest = file_digest
         self.removed = False
 
-    def update(self, category: str, locator: str, path: str, payload_hash: str) -> None:
+    def update(
+        self, category: str, locator: str, path: str, payload_hash: str, file_digest: str | None
+    ) -> None:
         self._updated(
-            pack=self.pack, category=category, locator=locator, path=path, payload_hash=payload_hash
+            pack=self.pack,
+            category=category,
+            locator=locator,
+            path=path,
+            payload_hash=payload_hash,
+            file_digest=file_digest,
         )
 
     def remove(self) -> None:
         self._removed(pack=self.pack, install_id=self.install_id)
 
-    def reinstall(self, category: str, locator: str, path: str, payload_hash: str) -> None:
+    def reinstall(
+        self, category: str, locator: str, path: str, payload_hash: str, file_digest: str | None
+    ) -> None:
         """Install a removed local_path pack again under a fresh install id."""
         incarnation = self.incarnation + 1
         self._reinstalled(
@@ -125,6 +158,7 @@ class LocalPack(Aggregate):
             locator=locator,
             path=path,
             payload_hash=payload_hash,
+            file_digest=file_digest,
         )
 
 

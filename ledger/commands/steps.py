@@ -202,11 +202,13 @@ class LifecycleSteps:
             "path": resolved.source.path,
             "payload_hash": resolved.content.payload_hash_v1,
         }
+        # The raw file's digest: the next apply parses the pack only if it changed (R30).
+        digest = resolved.file_digest
         if state.local is not None:
             if state.local.removed:  # installed again: a fresh incarnation (R7)
-                state.local.reinstall(**facts)
+                state.local.reinstall(**facts, file_digest=digest)
             else:
-                state.local.update(**facts)
+                state.local.update(**facts, file_digest=digest)
             return state.local
         # A legacy local_path record is taken over with its install id; after an official
         # incarnation was removed, the legacy record belongs to that history.
@@ -215,7 +217,7 @@ class LifecycleSteps:
             if state.legacy is not None and state.history is None
             else install_id_for(resolved.name, "local_path", resolved.content.payload_hash_v1, 1)
         )
-        return LocalPack(pack=resolved.name, install_id=install_id, **facts)
+        return LocalPack(pack=resolved.name, install_id=install_id, **facts, file_digest=digest)
 
     def fail(
         self, handle: LeaseHandle, pack: str, install_id: str, *, dirty: bool, reason: str

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from domain.canonical import parse_json
@@ -47,16 +48,41 @@ def directory(path: Path, base: Path, field: str) -> tuple[Path, bool]:
         ) from None
 
 
-def read_local(
-    index: int, pack: ManifestPack, source: LocalSource, base: Path
-) -> tuple[SourceFacts, PackContent]:
-    """The content of a ``local_path`` pack, from ``<dir>/pack.json``."""
+def _local_file(index: int, source: LocalSource, base: Path) -> tuple[SourceFacts, Path, bytes]:
+    """The facts, path and raw bytes of a ``local_path`` pack's ``<dir>/pack.json``."""
     field = f"packs[{index}].source.path"
     folder, is_dir = directory(Path(source.path), base, field)
     if not is_dir:
         raise InvalidInput(f"{field}: directory {folder} does not exist", field=field)
     file = folder / "pack.json"
     data = read_input_file(file, field=field, limit=MAX_PACK_BYTES)
-    return SourceFacts(SourceKind.LOCAL_PATH, str(folder), None, "pack.json"), parse_pack_content(
+    return SourceFacts(SourceKind.LOCAL_PATH, str(folder), None, "pack.json"), file, data
+
+
+def file_digest(data: bytes) -> str:
+    """The digest a ``local_pack`` event records of its raw ``pack.json``: SHA-256 hex of
+    the bytes exactly as read (R30; no parsing, no normalisation, no mtime)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_local(
+    index: int, pack: ManifestPack, source: LocalSource, base: Path
+) -> tuple[SourceFacts, PackContent, str]:
+    """The content of a ``local_path`` pack, from ``<dir>/pack.json``, and the digest of
+    the raw file it was parsed from (``file_digest``)."""
+    facts, file, data = _local_file(index, source, base)
+    content = parse_pack_content(
         parse_json(data, source=str(file)), file=str(file), expected_name=pack.name
     )
+    return facts, content, file_digest(data)
+
+
+def local_file_digest(
+    index: int, pack: ManifestPack, source: LocalSource, base: Path
+) -> tuple[SourceFacts, str]:
+    """The source facts and raw-file digest of a ``local_path`` pack, without parsing it:
+    the cheap check of whether its ``pack.json`` changed since the log recorded it (R30).
+    A missing directory or file is the same ``InvalidInput`` as ``read_local``'s."""
+    del pack  # the name is checked only when the file is parsed
+    facts, _, data = _local_file(index, source, base)
+    return facts, file_digest(data)

@@ -27,6 +27,9 @@ class ResolvedPack:
     index: int
     source: SourceFacts
     content: PackContent
+    #: A ``local_path`` pack's raw ``pack.json`` SHA-256 hex, as read (R30); None for
+    #: official packs.
+    file_digest: str | None = None
 
     @property
     def name(self) -> str:
