@@ -136,7 +136,7 @@ class BindingSpec:
 
     def sort_key(self) -> tuple[str, str, str, str, str, str]:
         return (
-            self.audience.kind.value,
+            self.audience.kind._value_,  # the member's value, without the descriptor
             self.audience.id,
             self.pack,
             self.kind,

@@ -240,7 +240,7 @@ def plan_bindings(
     wanted: dict[tuple[str, ...], BindingRow] = {}
     specs: Iterable[tuple[str, str, str, str, str, str | None]] = (
         (
-            (s.audience.kind.value, s.audience.id, s.pack, s.kind, s.key, s.credential_set)
+            (s.audience.kind._value_, s.audience.id, s.pack, s.kind, s.key, s.credential_set)
             for s in desired
         )
         if desired is not None

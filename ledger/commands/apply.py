@@ -26,16 +26,13 @@ from pathlib import Path
 from typing import cast
 
 from eventsourcing.domain import Aggregate
-from sqlalchemy.engine import Connection
 
 from domain.classifier import PackState
 from domain.coordination import CommandRecord
 from domain.errors import Conflict, LedgerError, Unavailable
 from domain.identity import PackName
-from domain.lifecycle import install_id_for
 from domain.manifest import Manifest
 from domain.matrix import Command, Decision, after_recovery, decide, decide_removal
-from ledger.commands.catalog_state import authority_of
 from ledger.commands.lease import LeaseHandler, abandoned_attempts, preparing_in
 from ledger.commands.publishing import (
     FullBuildDue,
@@ -47,9 +44,12 @@ from ledger.commands.publishing import (
 from ledger.commands.release import (
     Anchor,
     FrozenPack,
-    frozen_packs,
+    confirm_frozen,
+    known_packs,
     read_anchor,
+    release_authorities,
     simulate_fast,
+    thaw_locals,
 )
 from ledger.commands.results import ApplyResult
 from ledger.commands.simulate import (
@@ -59,6 +59,7 @@ from ledger.commands.simulate import (
     after_recovery_of,
     apply_result,
     bound_packs,
+    merged,
     pack_names,
     removal_outcome,
     removals_of,
@@ -69,12 +70,12 @@ from ledger.commands.unit_of_work import UnitOfWork, then
 from ledger.commands.writer_lease import WRITER_LEASE, LeaseBusy, LeaseHandle, LeaseLost
 from ledger.log.append import Precommit
 from ledger.observability import bind, get_logger, logged_command, phase, phased
+from ledger.sources.local import KnownLocal
 from ledger.sources.resolve import ResolvedPack, load_manifest, resolve_packs
 from ledger.store import kept_fragments
 from ledger.store.runtime import Ledger, Repository
-from publisher.catalog import PackAuthority, PublicationRejected
+from publisher.catalog import PublicationRejected
 from publisher.fragments import fragments_of
-from publisher.planning import content_authority
 
 __all__ = ["ApplyHandler", "Release", "lost_race", "simulate_release"]
 
@@ -103,6 +104,9 @@ class _Decided:
     states: dict[PackName, PackState]
     anchor: Anchor | None
     busy: LedgerError | None
+    #: The decision and what it previewed (reused under the lease when nothing moved).
+    plan: Plan | None = None
+    preview: Release | None = None
 
 
 log = get_logger("apply")
@@ -143,14 +147,10 @@ class ApplyHandler:
             base = manifest_path.resolve().parent
             with self.ledger.snapshot() as reader:
                 anchor = read_anchor(self.ledger, reader.conn)
-                frozen = (
-                    frozen_packs(self.ledger.recorder, reader.conn, anchor, manifest, base)
-                    if anchor is not None
-                    else {}
-                )
-            packs = _merged(frozen, resolve_packs(manifest.packs, base=base, skip=frozen))
+                known = known_packs(self.ledger, reader.conn, anchor, manifest, base)
+            packs = merged(known, resolve_packs(manifest.packs, base=base, skip=known))
             resolving["packs"] = len(packs)
-            resolving["frozen"] = len(frozen)
+            resolving["known"] = len(known)
         request = {
             "kind": "apply",
             "packs": [
@@ -170,7 +170,8 @@ class ApplyHandler:
         }
         # "remove" only when there is one: releases without it keep their digests (R10).
         removal = {"remove": list(manifest.remove)} if manifest.remove else {}
-        request_digest = self.uow.request_digest({**request, **removal})
+        # Every leaf is a validated manifest field or a hash (R10: the same bytes).
+        request_digest = self.uow.request_digest({**request, **removal}, trusted=True)
         deadline = time.monotonic() + self.lease.wait
         pause = 0.05
         lost = 0
@@ -236,7 +237,7 @@ class ApplyHandler:
             if prior is not None:
                 return cast(ApplyResult, {**prior, "replayed": True})
             anchor = read_anchor(self.ledger, reader.conn, reuse=seen)
-            packs = self._confirm_frozen(reader.conn, seen, anchor, manifest, packs, base)
+            packs = confirm_frozen(self.ledger, reader.conn, seen, anchor, manifest, packs, base)
             attempts = {*abandoned_attempts(self.ledger.recorder, reader.conn)}
             fast = anchor is not None and not attempts
             names = pack_names(packs, manifest)
@@ -248,6 +249,7 @@ class ApplyHandler:
             lease = reader.lease(WRITER_LEASE)
             abandoned = {pack for pack, _ in attempts}
             recovered_states = {p: after_recovery(s) for p, s in states.items()}
+            packs = thaw_locals(packs, recovered_states, manifest, base)
             plan = self._plan(packs, recovered_states, manifest)
             preview = None
             if fast and not abandoned:
@@ -306,40 +308,7 @@ class ApplyHandler:
                 holder=lease.holder,
                 epoch=lease.epoch,
             )
-        return _Decided(cid, packs, states, anchor, busy)
-
-    def _confirm_frozen(
-        self,
-        conn: Connection,
-        seen: Anchor | None,
-        anchor: Anchor | None,
-        manifest: Manifest,
-        packs: list[Pack],
-        base: Path,
-    ) -> list[Pack]:
-        """The release's packs with every frozen one still frozen at this snapshot;
-        any other is resolved from its source now (a pack moved since it was read)."""
-        was = {r.index: r for r in packs if isinstance(r, FrozenPack)}
-        if not was:
-            return packs
-        if (
-            seen is not None
-            and anchor is not None
-            and seen.head == anchor.head
-            and not any(r.name in anchor.moved for r in was.values())
-        ):  # the same revision in force, and none of them moved since its cut
-            return packs
-        still = (
-            frozen_packs(self.ledger.recorder, conn, anchor, manifest, base)
-            if anchor is not None
-            else {}
-        )
-        thaw = [i for i in was if i not in still]
-        if not thaw:
-            return packs
-        skip = [i for i in range(len(manifest.packs)) if i not in thaw]
-        fresh = {r.index: r for r in resolve_packs(manifest.packs, base=base, skip=skip)}
-        return [cast(Pack, fresh.get(r.index, r)) for r in packs]
+        return _Decided(cid, packs, states, anchor, busy, plan, preview)
 
     def _fast(
         self,
@@ -355,26 +324,7 @@ class ApplyHandler:
     ) -> Release | None:
         """The release built on the parent revision (R30), or ``None`` when the full
         build must decide (it names every problem)."""
-        given: dict[str, PackAuthority | None] = {}
-        for r in packs:
-            decision = plan[r.name][0]
-            if isinstance(r, FrozenPack):
-                continue
-            state = states[PackName.trusted(r.name)]
-            revision = r.source.revision or ""
-            if decision in (Decision.INSTALL, Decision.ADVANCE):
-                install_id = (candidates or {}).get(r.name) or _predicted(r, state)
-                epoch = state.activation.epoch + 1 if state.activation else 1
-                given[r.name] = content_authority(r.name, install_id, revision, epoch, r.content)
-            elif decision is Decision.ADOPT:
-                assert state.legacy is not None
-                given[r.name] = content_authority(
-                    r.name, state.legacy.install_id, revision, 1, r.content
-                )
-            elif decision is Decision.LOCAL_UPDATE:
-                given[r.name] = PackAuthority(pack=r.name, source_kind="local_path")
-            else:
-                given[r.name] = authority_of(state)
+        given = release_authorities(packs, plan, states, candidates)
         removals = removals_of(plan)
         removed = [removal_outcome(states[p]) for p in removals]
         for pack in removals:
@@ -474,7 +424,7 @@ class ApplyHandler:
                         "the release leaves as it is moved",
                         rule="R11",
                     )
-                release = self._fast(
+                release = _still(decided, anchor, plan, candidates) or self._fast(
                     reader,
                     anchor,
                     packs,
@@ -560,7 +510,7 @@ class ApplyHandler:
                 plan[r.name] = (Decision.UNCHANGED, None)
                 continue
             decision, command = decide(states[pack], r.target)
-            if isinstance(r, FrozenPack) and decision is not Decision.UNCHANGED:
+            if isinstance(r, FrozenPack | KnownLocal) and decision is not Decision.UNCHANGED:
                 raise Conflict(
                     f"pack {r.name!r} moved since the release found it unchanged",
                     rule="R11",
@@ -591,12 +541,25 @@ class ApplyHandler:
                 )
 
 
-def _merged(frozen: Mapping[int, FrozenPack], resolved: Sequence[ResolvedPack]) -> list[Pack]:
-    """The manifest's packs in its order: frozen ones and resolved ones."""
-    out: dict[int, Pack] = {**frozen, **{r.index: r for r in resolved}}
-    return [out[i] for i in sorted(out)]
-
-
-def _predicted(r: ResolvedPack, state: PackState) -> str:
-    """The install id ``prepare`` will mint for ``r`` (R6)."""
-    return install_id_for(r.name, r.source.revision or "", r.payload_hash, state.next_ordinal)
+def _still(
+    decided: _Decided, anchor: Anchor, plan: Plan, candidates: Mapping[str, str]
+) -> Release | None:
+    """The preflight's release when it is still the one to append: the same plan, the
+    same revision in force, binding events and moved packs but the candidates' own
+    prepare, and each candidate the install id it predicted (R6: ``prepare`` mints
+    them deterministically). The final append stays fenced from ``anchor`` on."""
+    seen, preview = decided.anchor, decided.preview
+    if seen is None or preview is None or preview.fast is None or decided.plan != plan:
+        return None
+    ours = set(candidates)
+    if (
+        anchor.head != seen.head
+        or anchor.changes != seen.changes
+        or anchor.moved - ours != seen.moved - ours
+    ):
+        return None
+    for pack, install_id in candidates.items():
+        authority = preview.authorities.get(pack)
+        if authority is None or authority.install_id != install_id:
+            return None
+    return preview

@@ -34,12 +34,15 @@ from uuid import UUID
 from sqlalchemy.engine import Connection
 
 from domain.catalog import audience_bindings_id, catalog_id
+from domain.classifier import PackState
 from domain.event_types import T_ADVANCED, T_REINSTALLED, T_STARTED
-from domain.lifecycle import SourceFacts, SourceKind, activation_id, history_id
-from domain.manifest import BindingSpec, Manifest, OfficialSource
-from domain.matrix import Target
+from domain.identity import PackName
+from domain.lifecycle import SourceFacts, SourceKind, activation_id, history_id, install_id_for
+from domain.manifest import BindingSpec, LocalSource, Manifest, OfficialSource
+from domain.matrix import Decision, Target, decide
 from ledger.commands import catalog_state as state
 from ledger.commands.catalog_state import Change, LogHead, ParentContent
+from ledger.commands.catalog_state import authority_of as catalog_authority
 from ledger.commands.publishing import (
     MAINTAINED,
     IncrementalRevision,
@@ -48,6 +51,8 @@ from ledger.commands.publishing import (
 )
 from ledger.log.recorder import LedgerRecorder
 from ledger.sources.git import repo_path
+from ledger.sources.local import KnownLocal, known_local
+from ledger.sources.resolve import resolve_packs
 from ledger.store.runtime import Ledger
 from projections.queries.status import require_running
 from publisher.catalog import BuiltCatalog, PackAuthority, ParentState
@@ -57,6 +62,7 @@ from publisher.planning import (
     PublishPlan,
     check_binding_credentials,
     check_removals,
+    content_authority,
     plan_bindings,
     plan_built,
 )
@@ -266,3 +272,109 @@ def simulate_fast(
 def frozen_moved(anchor: Anchor, frozen: Collection[FrozenPack]) -> list[str]:
     """The frozen packs with a lifecycle event since the anchor's cut (no longer frozen)."""
     return sorted(f.name for f in frozen if f.name in anchor.moved)
+
+
+def release_authorities(
+    packs: Sequence[Any],
+    plan: Mapping[str, tuple[Decision, Any]],
+    states: Mapping[PackName, PackState],
+    candidates: Mapping[str, str] | None,
+) -> dict[str, PackAuthority | None]:
+    """The authority after the release of every manifest pack whose state was read:
+    candidates as they will be activated (install ids predicted exactly as ``prepare``
+    mints them, or the ``candidates`` it minted), adoptions, local updates, and the
+    unchanged ones from their log state (R13). Frozen packs are not here: they keep
+    the parent's."""
+    given: dict[str, PackAuthority | None] = {}
+    for r in packs:
+        if isinstance(r, FrozenPack):
+            continue
+        decision = plan[r.name][0]
+        state = states[PackName.trusted(r.name)]
+        revision = r.source.revision or ""
+        if decision in (Decision.INSTALL, Decision.ADVANCE):
+            install_id = (candidates or {}).get(r.name) or install_id_for(
+                r.name, revision, r.payload_hash, state.next_ordinal
+            )
+            epoch = state.activation.epoch + 1 if state.activation else 1
+            given[r.name] = content_authority(r.name, install_id, revision, epoch, r.content)
+        elif decision is Decision.ADOPT:
+            assert state.legacy is not None
+            given[r.name] = content_authority(
+                r.name, state.legacy.install_id, revision, 1, r.content
+            )
+        elif decision is Decision.LOCAL_UPDATE:
+            given[r.name] = PackAuthority(pack=r.name, source_kind="local_path")
+        else:
+            given[r.name] = catalog_authority(state)
+    return given
+
+
+def known_packs(
+    ledger: Ledger, conn: Connection, anchor: Anchor | None, manifest: Manifest, base: Path
+) -> dict[int, FrozenPack | KnownLocal]:
+    """The manifest's packs (by index) known from the log without reading their
+    content: frozen official packs, and local packs whose file's bytes are the ones the
+    log recorded (their state is read: local packs are few, development only)."""
+    out: dict[int, FrozenPack | KnownLocal] = {}
+    if anchor is not None:
+        out.update(frozen_packs(ledger.recorder, conn, anchor, manifest, base))
+    local = {i: p for i, p in enumerate(manifest.packs) if isinstance(p.source, LocalSource)}
+    if local:
+        states = ledger.repository(conn).pack_states([p.name for p in local.values()])
+        for index, pack in local.items():
+            assert isinstance(pack.source, LocalSource)
+            known = known_local(index, pack, pack.source, base, states[pack.name])
+            if known is not None:
+                out[index] = known
+    return out
+
+
+def confirm_frozen(
+    ledger: Ledger,
+    conn: Connection,
+    seen: Anchor | None,
+    anchor: Anchor | None,
+    manifest: Manifest,
+    packs: list[Any],
+    base: Path,
+) -> list[Any]:
+    """The release's packs with every frozen one still frozen at this snapshot;
+    any other is resolved from its source now (a pack moved since it was read)."""
+    was = {r.index: r for r in packs if isinstance(r, FrozenPack)}
+    if not was:
+        return packs
+    if (
+        seen is not None
+        and anchor is not None
+        and seen.head == anchor.head
+        and not any(r.name in anchor.moved for r in was.values())
+    ):  # the same revision in force, and none of them moved since its cut
+        return packs
+    still = (
+        frozen_packs(ledger.recorder, conn, anchor, manifest, base) if anchor is not None else {}
+    )
+    thaw = [i for i in was if i not in still]
+    if not thaw:
+        return packs
+    skip = [i for i in range(len(manifest.packs)) if i not in thaw]
+    fresh = {r.index: r for r in resolve_packs(manifest.packs, base=base, skip=skip)}
+    return [fresh.get(r.index, r) for r in packs]
+
+
+def thaw_locals(
+    packs: list[Any], states: Mapping[PackName, PackState], manifest: Manifest, base: Path
+) -> list[Any]:
+    """The release's packs with every local one whose unchanged bytes no longer mean
+    "unchanged" at this snapshot (its record moved) parsed from its file after all."""
+    thaw = [
+        r.index
+        for r in packs
+        if isinstance(r, KnownLocal)
+        and decide(states[PackName.trusted(r.name)], r.target)[0] is not Decision.UNCHANGED
+    ]
+    if not thaw:
+        return packs
+    skip = [i for i in range(len(manifest.packs)) if i not in thaw]
+    fresh = {r.index: r for r in resolve_packs(manifest.packs, base=base, skip=skip)}
+    return [fresh.get(r.index, r) for r in packs]

@@ -23,6 +23,7 @@ from ledger.commands.results import (
     PackOutcome,
     RecoveredAttempt,
 )
+from ledger.sources.local import KnownLocal
 from ledger.sources.resolve import ResolvedPack
 from publisher.catalog import CatalogInput, PackAuthority
 from publisher.planning import (
@@ -35,8 +36,9 @@ from publisher.planning import (
     plan_publication,
 )
 
-#: A manifest pack as a release knows it: resolved from its source, or frozen (R30).
-Pack = ResolvedPack | FrozenPack
+#: A manifest pack as a release knows it: resolved from its source, or known from the
+#: log without reading it (frozen official, or a local file whose bytes did not change).
+Pack = ResolvedPack | FrozenPack | KnownLocal
 #: pack -> (decision, the command it takes).
 Plan = Mapping[str, tuple[Decision, Command | None]]
 
@@ -228,3 +230,11 @@ def apply_result(
         "catalog": catalog_outcome(release.publication),
         "recovered": recovered,
     }
+
+
+def merged(
+    known: Mapping[int, FrozenPack | KnownLocal], resolved: Sequence[ResolvedPack]
+) -> list[Pack]:
+    """The manifest's packs in its order: those known from the log and those resolved."""
+    out: dict[int, Pack] = {**known, **{r.index: r for r in resolved}}
+    return [out[i] for i in sorted(out)]

@@ -20,7 +20,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate
 from sqlalchemy.engine import Connection
 
-from domain.canonical import canonical_bytes
+from domain.canonical import canonical_bytes, canonical_bytes_trusted
 from domain.classifier import PackState
 from domain.digests import Purpose, digest, lp
 from domain.errors import Conflict, LifecycleRejected
@@ -223,8 +223,11 @@ class UnitOfWork:
     # -- idempotency (R10) ---------------------------------------------------------------
 
     @staticmethod
-    def request_digest(request: Any) -> str:
-        return digest(Purpose.REQUEST, canonical_bytes(request)).hex()
+    def request_digest(request: Any, *, trusted: bool = False) -> str:
+        """The digest of a command's request (R10); ``trusted``: built by the command
+        from validated parts only (the same bytes, without the canonical walk)."""
+        encode = canonical_bytes_trusted if trusted else canonical_bytes
+        return digest(Purpose.REQUEST, encode(request)).hex()
 
     @staticmethod
     def recorded(

@@ -19,11 +19,12 @@ from ledger.commands.catalog_state import log_head
 from ledger.commands.publish import PublishHandler
 from ledger.commands.publishing import read_catalog_in_force
 from ledger.commands.unit_of_work import UnitOfWork
+from ledger.sources import files
 from ledger.store import kept_fragments
 from publisher.catalog import build_catalog
 from publisher.fragments import fragments_of
 from tests.support.gitrepo import Repo
-from tests.support.lifecycle_support import World
+from tests.support.lifecycle_support import World, content
 
 PACKS = 6
 
@@ -148,3 +149,23 @@ def test_r30_fragments_of_a_full_build_digest_to_its_content(world: World) -> No
     assert fragments.digest() == built.content_digest
     assert fragments.counts() == built.counts
     assert kept_fragments._labelled(fragments)
+
+
+def test_r30_an_untouched_local_pack_is_not_parsed_by_apply(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 3: a local_path pack's raw bytes are hashed; it is parsed only when they
+    differ from what the log recorded (never by mtime)."""
+    folder = world.local_dir("dev", 1)
+    entry = {"name": "dev", "source": {"kind": "local_path", "path": str(folder)}}
+    assert world.apply(entry)["packs"][0]["decision"] == "local_update"
+
+    def parsed(*_: object, **__: object) -> None:
+        raise AssertionError("an untouched local pack was parsed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(files, "parse_pack_content", parsed)
+        again = world.apply(entry)
+    assert again["noop"] and again["packs"][0]["decision"] == "unchanged"
+    (folder / "pack.json").write_bytes(content("dev", 2))
+    assert world.apply(entry)["packs"][0]["decision"] == "local_update"
