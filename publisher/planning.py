@@ -10,7 +10,7 @@ will have once activated, so a release is validated before anything moves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,6 +273,69 @@ def plan_bindings(
             changes.append(BindingChange("rebind", row, before.install_id))
     changes.extend(BindingChange("revoke", now[i]) for i in sorted(now.keys() - wanted.keys()))
     return [wanted[i] for i in order], changes
+
+
+@dataclass(frozen=True)
+class BindingDelta:
+    """``plan_bindings`` for a complete desired set, lean: the same changes in the same
+    order, with a row built only for a changed binding and for the audiences asked
+    (``rows_of``), so a release that changes few bindings among many builds few rows."""
+
+    changes: list[BindingChange]
+    wanted: Mapping[tuple[str, ...], str | None]  # ident -> credential set as given
+    packs: Mapping[str, PackAuthority]
+
+    @classmethod
+    def of(
+        cls,
+        current: Mapping[tuple[str, ...], BindingRow],
+        desired: Iterable[BindingSpec],
+        packs: Mapping[str, PackAuthority],
+    ) -> BindingDelta:
+        wanted: dict[tuple[str, ...], str | None] = {}
+        for spec in desired:
+            wanted[spec.sort_key()] = spec.credential_set
+        moved: list[tuple[str, ...]] = []
+        for key in wanted:
+            before = current.get(key)
+            auth = packs.get(key[2])
+            install_id = (auth.install_id if auth else None) or ""
+            payload_hash = (auth.payload_hash if auth else None) or ""
+            if (
+                before is None
+                or before.install_id != install_id
+                or before.payload_hash != payload_hash
+            ):
+                moved.append(key)
+        delta = cls([], wanted, packs)
+        for key in sorted(moved):
+            row, before = delta.row(key), current.get(key)
+            delta.changes.append(
+                BindingChange("grant", row)
+                if before is None
+                else BindingChange("rebind", row, before.install_id)
+            )
+        delta.changes.extend(
+            BindingChange("revoke", current[i]) for i in sorted(current.keys() - wanted.keys())
+        )
+        return delta
+
+    def row(self, key: tuple[str, ...]) -> BindingRow:
+        auth = self.packs.get(key[2])
+        return BindingRow(
+            key[0],
+            key[1],
+            key[2],
+            key[3],
+            key[4],
+            self.wanted[key],
+            (auth.install_id if auth else None) or "",
+            (auth.payload_hash if auth else None) or "",
+        )
+
+    def rows_of(self, audiences: Collection[tuple[str, str]]) -> list[BindingRow]:
+        """The bindings after the release of ``audiences``, in ident order."""
+        return [self.row(k) for k in sorted(k for k in self.wanted if k[:2] in audiences)]
 
 
 def content_authority(

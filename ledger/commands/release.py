@@ -59,6 +59,7 @@ from publisher.catalog import BuiltCatalog, PackAuthority, ParentState
 from publisher.fragments import GRANTS
 from publisher.planning import (
     BindingChange,
+    BindingDelta,
     PublishPlan,
     check_binding_credentials,
     check_removals,
@@ -236,7 +237,12 @@ def simulate_fast(
     auth.update(read)
     log_read: dict[str, PackAuthority | None] = {**given, **read}
     check_removals(current.values(), desired, removals)
-    rows, changes = plan_bindings(current.values(), desired, auth)
+    if desired is not None:
+        delta = BindingDelta.of(current, desired, auth)
+        changes, rows_of = delta.changes, delta.rows_of
+    else:  # the current set, re-bound to what moved
+        rows, changes = plan_bindings(current.values(), None, auth)
+        rows_of = lambda audiences: [r for r in rows if r.audience in audiences]  # noqa: E731
     granted = {c.row.ident for c in changes if c.op != "revoke"}
     specs = [s for s in desired or () if s.credential_set is not None and s.sort_key() in granted]
     if specs:  # R15 on the bindings this release grants or rebinds, with their components
@@ -258,7 +264,7 @@ def simulate_fast(
         plan = plan_built(built, ParentState(head.revision, head.content_digest), None)
         return FastRelease(changes, plan, fence, auth, None, relied_packs)
     limit_reuse(parent, affected)
-    bindings = [row for row in rows if row.audience in affected]
+    bindings = rows_of(affected)
     revision = incremental_build(
         ledger, conn, anchor.position, head, parent, affected, bindings, anchor.moved, log_read
     )
