@@ -131,6 +131,11 @@ def payload(pack: str, version: int, kind: str, key: str) -> Any:
 Binding = tuple[str, str, str, str | None]  # pack, kind, key, credential set
 
 
+def pair(audience: str) -> tuple[str, str]:
+    kind, ident = audience.split(":", 1)
+    return kind, ident
+
+
 @dataclass
 class Release:
     """What a release converges to: packs (version, commit) and every audience's bindings:
@@ -401,7 +406,7 @@ class History:
                 kind, ident, p, k, key, cred, packs[p].install_id or "", packs[p].payload_hash or ""
             )
             for audience, bound in applied.bindings().items()
-            for kind, ident in [audience.split(":", 1)]
+            for kind, ident in [pair(audience)]
             for p, k, key, cred in bound
         ]
         built = build_catalog(CatalogInput(rows, packs))
@@ -421,7 +426,7 @@ class History:
         recorder = self.world.ledger.recorder
         with self.world.ledger.snapshot() as reader:
             event = recorder.last_events(reader.conn, [catalog_id()])[catalog_id()]
-            ids = {published_view_id(*a.split(":", 1)): a for a in AUDIENCES}
+            ids = {published_view_id(*pair(a)): a for a in AUDIENCES}
             views = recorder.last_events(reader.conn, list(ids))
         assert {k: event.data[k] for k in REVISION_FIELDS} == {
             "revision": expected.revision,
@@ -435,7 +440,7 @@ class History:
         }
         moved = {f"{kind}:{ident}" for kind, ident, _ in changed}
         for view_id, audience in ids.items():
-            want = built.audience_digests.get(tuple(audience.split(":", 1)))  # type: ignore[arg-type]
+            want = built.audience_digests.get(pair(audience))
             found = views.get(view_id)
             if audience in moved:
                 assert found is not None, audience
@@ -506,8 +511,8 @@ class History:
         facts = {tuple(f[:4]): f[4] for f in built.facts}
         reader = CatalogReader(self.world.db)
         for audience in audiences:
-            pair = tuple(audience.split(":", 1))
-            grants = [g for g in built.grants if (g[0], g[1]) == pair]
+            kind_id = pair(audience)
+            grants = [g for g in built.grants if (g[0], g[1]) == kind_id]
             if not grants:
                 with pytest.raises(Missing):
                     reader.view(Audience.parse(audience))
@@ -516,7 +521,7 @@ class History:
             assert (view.revision, view.content_digest, view.audience_digest) == (
                 expected.revision,
                 built.content_digest,
-                built.audience_digests[pair],  # type: ignore[index]
+                built.audience_digests[kind_id],
             ), audience
             assert [
                 [g["pack"], g["kind"], g["key"], g["credential_set"], g["install_id"]]
