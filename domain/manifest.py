@@ -135,14 +135,19 @@ class BindingSpec:
     index: int = field(default=-1, compare=False)
 
     def sort_key(self) -> tuple[str, str, str, str, str, str]:
-        return (
-            self.audience.kind._value_,  # the member's value, without the descriptor
-            self.audience.id,
-            self.pack,
-            self.kind,
-            self.key,
-            self.credential_set or "",
-        )
+        """The binding's identity as a ``BindingRow.ident`` (built once per binding)."""
+        key: tuple[str, str, str, str, str, str] | None = self.__dict__.get("_sort_key")
+        if key is None:
+            key = (
+                self.audience.kind._value_,  # the member's value, without the descriptor
+                self.audience.id,
+                self.pack,
+                self.kind,
+                self.key,
+                self.credential_set or "",
+            )
+            self.__dict__["_sort_key"] = key  # frozen: cached beside the fields
+        return key
 
 
 @dataclass(frozen=True)

@@ -299,8 +299,10 @@ class ParentContent:
         call; parsed once)."""
         if self._bindings is None:
             self._bindings = {
-                row.ident: row for a in sorted(self.audiences()) for row in self.bindings_of(a)
-            }
+                (r.audience_kind, r.audience_id, r.pack, r.kind, r.key, r.credential_set or ""): r
+                for a in sorted(self.audiences())
+                for r in self.bindings_of(a)
+            }  # the key is ``BindingRow.ident``, built inline
         return dict(self._bindings)
 
     def digest_of(self, audience: Audience, facts: Mapping[str, Mapping[Any, str]]) -> str:

@@ -137,8 +137,10 @@ def frozen_packs(
     if not wanted:
         return {}
     names = {index: str(manifest.packs[index].name) for index in wanted}
-    pointers = recorder.last_events(conn, [activation_id(n) for n in names.values()])
-    histories = recorder.last_events(conn, [history_id(n) for n in names.values()])
+    last = recorder.last_events(  # one batched read of small events per pack, two each
+        conn, [a for n in names.values() for a in (activation_id(n), history_id(n))]
+    )
+    pointers = histories = last
     locators: dict[str, str] = {}
     out: dict[int, FrozenPack] = {}
     for index, (source, entry) in wanted.items():
