@@ -156,7 +156,7 @@ class ApplyHandler:
             "packs": [
                 {
                     "pack": r.name,
-                    "source_kind": r.source.kind.value,
+                    "source_kind": r.source.kind._value_,  # no enum descriptor per pack
                     "revision": r.source.revision,
                     "payload_hash": r.payload_hash,
                     "category": r.category,

@@ -131,27 +131,26 @@ def frozen_packs(
         if not isinstance(source, OfficialSource) or pack.name in anchor.moved:
             continue
         entry = anchor.parent.entry(pack.name)
-        if entry is None or entry[2] != source.revision:
+        if entry is None or entry[2] != source.revision or not isinstance(entry[4], str):
             continue
         wanted[index] = (source, entry)
     if not wanted:
         return {}
     names = {index: str(manifest.packs[index].name) for index in wanted}
-    last = recorder.last_events(  # one batched read of small events per pack, two each
-        conn, [a for n in names.values() for a in (activation_id(n), history_id(n))]
-    )
-    pointers = histories = last
+    pointers = recorder.last_events(conn, [activation_id(n) for n in names.values()])
+    # The newest attempt is the active generation when attempt number <history version>
+    # has its install id: attempt ids are minted from (pack, revision, payload hash,
+    # ordinal), and each history event records one attempt (R6). A version, not an event.
+    attempts = recorder.versions(conn, [history_id(n) for n in names.values()])
     locators: dict[str, str] = {}
     out: dict[int, FrozenPack] = {}
     for index, (source, entry) in wanted.items():
         name, install_id = names[index], entry[1]
         pointer = pointers.get(activation_id(name))
-        newest = histories.get(history_id(name))
         if (
             pointer is None
             or pointer.type not in POINTED
-            or newest is None
-            or newest.data.get("install_id") != install_id
+            or install_id_for(name, entry[2], entry[4], attempts[history_id(name)]) != install_id
         ):
             continue
         data = pointer.data

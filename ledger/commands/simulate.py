@@ -205,7 +205,7 @@ def apply_result(
             {
                 "pack": r.name,
                 "decision": decision.value,
-                "source_kind": r.source.kind.value,
+                "source_kind": r.source.kind._value_,  # no enum descriptor per pack
                 "revision": r.source.revision,
                 "payload_hash": r.payload_hash,
                 "install_id": candidates.get(r.name),

@@ -15,11 +15,15 @@ import pytest
 from bench.apply import pack_files
 from bench.publish import audience_bindings, official_pack
 from domain.errors import InvalidInput
+from domain.identity import PackName
+from domain.manifest import ManifestPack, OfficialSource
+from domain.matrix import Advance
 from ledger.commands.catalog_state import log_head
 from ledger.commands.publish import PublishHandler
 from ledger.commands.publishing import read_catalog_in_force
 from ledger.commands.unit_of_work import UnitOfWork
 from ledger.sources import files
+from ledger.sources.resolve import resolve_packs
 from ledger.store import kept_fragments
 from publisher.catalog import build_catalog
 from publisher.fragments import fragments_of
@@ -169,3 +173,30 @@ def test_r30_an_untouched_local_pack_is_not_parsed_by_apply(
     assert again["noop"] and again["packs"][0]["decision"] == "unchanged"
     (folder / "pack.json").write_bytes(content("dev", 2))
     assert world.apply(entry)["packs"][0]["decision"] == "local_update"
+
+
+def test_r30_a_pack_with_an_attempt_left_preparing_before_the_revision_is_not_frozen(
+    world: World,
+) -> None:
+    """An attempt prepared (and abandoned) before the revision in force was published is
+    no lifecycle event after its cut; the pack's history says it is the newest attempt,
+    so the pack is read and decided as before: recovered failed_dirty, then repaired by
+    a fresh generation of the content already active (R12), not left unchanged."""
+    repo, revisions = catalog(world)
+    fewer = write(world, repo, revisions, "fewer")  # audience 0 loses its bindings
+    data = json.loads(fewer.read_text())
+    data["bindings"] = [b for b in data["bindings"] if b["pack"] != "pack-00000"]
+    fewer.write_text(json.dumps(data))
+    world.service.apply(fewer, publish=False)
+    later = repo.commit(pack_files(range(3, 4), release=9, changed=3))
+    source = OfficialSource(str(repo.path), later, "pack-00003/pack.json")  # type: ignore[arg-type]
+    (target,) = resolve_packs([ManifestPack(PackName("pack-00003"), source)], base=world.tmp)
+    handle = world.service.acquire_lease()
+    world.service.prepare(handle, [(target, Advance(target.target, revisions[3]))])
+    world.service.release_lease(handle)  # the attempt is left preparing
+    assert world.service.publish()["published"]  # revision 2: its cut is after the attempt
+    result = world.service.apply(write(world, repo, revisions, "again"))
+    decisions = {p["pack"]: p["decision"] for p in result["packs"]}
+    assert decisions["pack-00003"] == "advance"
+    assert [r["pack"] for r in result["recovered"]] == ["pack-00003"]
+    assert full_build_is_a_noop(world)
