@@ -207,8 +207,8 @@ def _replay(
 ) -> tuple[dict[int, _Revision], int]:
     """Each revision of ``wanted`` the log published, rebuilt in one scan of the catalog
     lineage (in one read snapshot), and the last revision the scan saw (0: none)."""
-    pending = sorted(wanted)
-    replay = CatalogReplay(keep=pending[0])
+    pending = set(wanted)
+    replay = CatalogReplay()  # keeps each built revision: taken (or dropped) at once below
     found: dict[int, _Revision] = {}
     last = 0
     with ledger.db.read() as conn:
@@ -225,14 +225,12 @@ def _replay(
             if name != T_PUBLISHED:
                 continue
             last = data["revision"]
-            kept = replay.revisions.pop(last, None)
-            if kept is None:
-                continue
-            found[last] = _capture(replay, kept[0], last, kept[1], only)
-            pending.remove(last)
+            kept = replay.revisions.pop(last)
+            if last in pending:
+                found[last] = _capture(replay, kept[0], last, kept[1], only)
+                pending.discard(last)
             if not pending:
                 break
-            replay.keep = pending[0]
     return found, last
 
 
