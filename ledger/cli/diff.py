@@ -133,10 +133,11 @@ class _Printer:
                 ("install", before["install_id"], after["install_id"]),
                 ("revision", before["revision"], after["revision"]),
                 ("epoch", str(before["epoch"]), str(after["epoch"])),
-                ("payload", before["payload_hash"], after["payload_hash"]),
             )
             parts = [f"{name} {_short(x)} -> {_short(y)}" for name, x, y in fields if x != y]
-            self.line(f"  ~ {move['pack']}: moved: {', '.join(parts)}", "yellow")
+            if before["payload_hash"] != after["payload_hash"]:
+                parts.append("payload changed")
+            self.line(f"  ~ {move['pack']}: {', '.join(parts)}", "yellow")
 
 
 def render(result: RevisionDiff, colour: bool) -> None:

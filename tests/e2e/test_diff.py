@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -419,3 +421,42 @@ def test_r17_json_changes_name_each_changed_path() -> None:
     assert json_changes([1, 2], [1, 3]) == [{"path": "/1", "op": "replace", "from": 2, "to": 3}]
     assert json_changes([1], [1, 2]) == [{"path": "", "op": "replace", "from": [1], "to": [1, 2]}]
     assert json_changes({"~": 1}, {}) == [{"path": "/~0", "op": "remove", "from": 1}]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_diff_example() -> tuple[list[str], str]:
+    """The command and the output README's "Revision diff" example shows."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = re.split(r"\n#+ Revision diff\n", text, maxsplit=1)[1]
+    block = re.search(r"```text\n\$ catalog-ledger (.*?)\n(.*?)```", section, re.S)
+    assert block is not None, "README's Revision diff section has no example"
+    return block.group(1).split(), block.group(2)
+
+
+def test_r17_readme_diff_example_is_what_the_demo_store_prints(tmp_path: Path) -> None:
+    """examples/demo.sh's store (release 1, then release 2) diffs as README shows."""
+    examples = ROOT / "examples"
+    subprocess.run(
+        ["sh", str(examples / "make-repo.sh"), str(tmp_path / "repos" / "catalog")],
+        capture_output=True,
+        check=True,
+    )
+    for name in ("release-1.json", "release-2.json"):
+        shutil.copy(examples / name, tmp_path / name)
+    shutil.copytree(examples / "packs", tmp_path / "packs")
+    db = f"sqlite:///{tmp_path / 'catalog.db'}"
+    before = Path.cwd()
+    os.chdir(tmp_path)  # the manifests name their repository and local pack relatively
+    try:
+        assert cli("--db", db, "init").code == 0
+        for name in ("release-1.json", "release-2.json"):
+            applied = cli("--db", db, "apply", name)
+            assert applied.code == 0, applied.stderr
+    finally:
+        os.chdir(before)
+    args, shown = readme_diff_example()
+    assert args == ["diff", "--from-revision", "1", "--to-revision", "2"]
+    printed = cli("--db", db, *args)
+    assert printed.code == 0 and printed.stdout == shown
