@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import unicodedata
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -35,8 +36,26 @@ def _short(value: str | None) -> str:
     return f"{prefix}{colon}{rest[:12]}"
 
 
+#: Characters of a JSON value a human line shows; ``--json`` has every value whole.
+PREVIEW = 100
+
+
 def _json(value: Any) -> str:
-    return orjson.dumps(value).decode()
+    """``value`` as compact JSON, cut to ``PREVIEW`` characters (a schema's payload can
+    run to kilobytes: one line stays one line)."""
+    text = orjson.dumps(value).decode()
+    if len(text) <= PREVIEW:
+        return text
+    return f"{text[:PREVIEW]}... ({len(text)} characters)"
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters written as ``\\uXXXX``: a payload's keys and
+    values may hold ESC or a C1 control (compact JSON leaves DEL and C1 raw), and none
+    reaches the terminal raw."""
+    if text.isprintable():  # no control character (nor any other non-printable one)
+        return text
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cc" else c for c in text)
 
 
 def _cred(credential_set: str | None) -> str:
@@ -48,6 +67,7 @@ class _Printer:
         self.colour = colour
 
     def line(self, text: str, fg: str | None = None, bold: bool = False) -> None:
+        text = _printable(text)
         if self.colour and (fg is not None or bold):
             text = click.style(text, fg=fg, bold=bold)
         click.echo(text, color=self.colour)

@@ -460,3 +460,23 @@ def test_r17_readme_diff_example_is_what_the_demo_store_prints(tmp_path: Path) -
     assert args == ["diff", "--from-revision", "1", "--to-revision", "2"]
     printed = cli("--db", db, *args)
     assert printed.code == 0 and printed.stdout == shown
+
+
+def test_r17_a_payloads_control_characters_never_reach_the_terminal_raw(world: World) -> None:
+    """A payload key holding ESC and a value holding a C1 control (compact JSON leaves C1
+    raw): the human diff writes both escaped; ``--json`` keeps the exact values."""
+    key, value = "k\x1b[2J", "\x9b31m"
+    commits = [
+        world.release({"sales/pack.json": push_pack("sales", 1, push_payload={key: v})})
+        for v in ("plain", value)
+    ]
+    for commit in commits:
+        _release(world, [world.official("sales", commit)], push_closure("app:x", "sales"))
+    human = cli("--db", world.url, "diff", "--from-revision", "1", "--to-revision", "2")
+    assert human.code == 0, human.stderr
+    assert "\x1b" not in human.stdout and "\x9b" not in human.stdout
+    assert '      /payload/k\\u001b[2J: "plain" -> "\\u009b31m"' in human.stdout.splitlines()
+    (change,) = diff_cli(world.url, 1, 2)["audiences"][0]["facts_changed"]
+    assert change["changes"] == [
+        {"path": f"/payload/{key}", "op": "replace", "from": "plain", "to": value}
+    ]
