@@ -19,7 +19,6 @@ import pytest
 import sqlalchemy as sa
 
 from domain.errors import InvalidInput, Missing
-from domain.json_diff import json_changes
 from ledger.api import Store
 from tests.support.cli_inprocess import cli, cli_json
 from tests.support.gitrepo import push_closure, push_pack
@@ -409,18 +408,6 @@ def test_r17_diff_is_coloured_on_a_terminal_unless_no_color(world: World) -> Non
     coloured, plain = outputs
     assert "\x1b[" in coloured and "\x1b[" not in plain
     assert plain.replace("\r\n", "\n").splitlines()[0].startswith("2 audiences change:")
-
-
-def test_r17_json_changes_name_each_changed_path() -> None:
-    assert json_changes({"a": 1}, {"a": 1}) == []
-    assert json_changes({"a": {"b/c": 1, "d": True}}, {"a": {"b/c": 2, "d": 1, "e": None}}) == [
-        {"path": "/a/b~1c", "op": "replace", "from": 1, "to": 2},
-        {"path": "/a/d", "op": "replace", "from": True, "to": 1},
-        {"path": "/a/e", "op": "add", "to": None},
-    ]
-    assert json_changes([1, 2], [1, 3]) == [{"path": "/1", "op": "replace", "from": 2, "to": 3}]
-    assert json_changes([1], [1, 2]) == [{"path": "", "op": "replace", "from": [1], "to": [1, 2]}]
-    assert json_changes({"~": 1}, {}) == [{"path": "/~0", "op": "remove", "from": 1}]
 
 
 ROOT = Path(__file__).resolve().parents[2]
