@@ -52,6 +52,7 @@ from ledger.store.runtime import Ledger
 # them) start without the audit, export, command and signing code (issue 25.7;
 # tests/e2e/test_cli_basics.py checks it).
 if TYPE_CHECKING:
+    from ledger.audit.diff import RevisionDiff
     from ledger.audit.operations import check_proof, keygen, read_text, verifier_key
     from ledger.audit.results import (
         AudienceHistoryResult,
@@ -289,6 +290,22 @@ class Store:
             audience, min_revision=min_revision, at_revision=at_revision
         )
         return operations.view(self.ledger, request)
+
+    def diff(
+        self,
+        from_revision: int | str,
+        to_revision: int | str,
+        *,
+        audience: str | None = None,
+    ) -> RevisionDiff:
+        """What changed from one revision to another, per audience (facts added, removed
+        or changed, with their payload diff; grants added, removed or rebound) and per
+        pack (activations moved), for ``audience`` only if given. From the log alone: it
+        matches ``view(audience, at_revision=…)`` on both sides (R17, R28)."""
+        from ledger.audit.diff import parse_request, revision_diff
+
+        first, second, pair = parse_request(from_revision, to_revision, audience)
+        return revision_diff(self.ledger, first, second, pair)
 
     @overload
     def history(self, pack: str) -> HistoryResult: ...

@@ -6,7 +6,17 @@
 
 from __future__ import annotations
 
-from ledger.cli import audit, backup, credentials, lease, projections, read, store, write
+from ledger.cli import (
+    audit,
+    backup,
+    credentials,
+    diff,
+    lease,
+    projections,
+    read,
+    store,
+    write,
+)
 from ledger.cli.app import cli, dump_json, main, run
 
 __all__ = [
@@ -14,6 +24,7 @@ __all__ = [
     "backup",
     "cli",
     "credentials",
+    "diff",
     "dump_json",
     "lease",
     "main",

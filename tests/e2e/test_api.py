@@ -89,6 +89,7 @@ def test_r16_every_cli_command_has_its_api_method() -> None:
         "credentials revoke": Store.credentials_revoke,
         "credentials list": Store.credentials_list,
         "view": Store.view,
+        "diff": Store.diff,
         "history": Store.history,
         "export": Store.export,
         "import": Store.import_jsonl,
