@@ -8,8 +8,8 @@ both), with each pack's previous revision and payload hash, the audiences whose 
 changes (digest, or ``None`` and ``loses_all_grants``), and the typed rejection ``apply``
 would raise when it would refuse the release.
 
-A plan file is not trusted (R28). It records the store it was made for (the chain hash
-of the log's first entry), the manifest's path and digest, the log head it was computed
+A plan file is not trusted (R28). It records the store it was made for (its
+``store_id``), the manifest's path and digest, the log head it was computed
 at and the command id of the apply (R10). ``apply --plan-file`` re-checks all of it:
 
 * another store, another manifest (its bytes), or a document that is not what this
@@ -56,14 +56,12 @@ _MOVED = (Decision.INSTALL, Decision.ADVANCE)
 
 
 def store_identity(ledger: Ledger) -> str | None:
-    """The store's identity: the chain hash of its log's first entry (``None`` while
-    the log is empty). Two stores never share it; a copy of a store does (R28)."""
-    events = tables.events
-    with ledger.snapshot() as reader:
-        row = reader.conn.execute(
-            sa.select(events.c.chain).order_by(events.c.position).limit(1)
-        ).one_or_none()
-    return None if row is None else bytes(row[0]).hex()
+    """The store's identity: the ``store_id`` ``init`` gave it (``ledger_meta``; also
+    the checkpoint origin). Every store has its own, a restored copy too (R28)."""
+    meta = tables.meta
+    with ledger.db.read() as conn:
+        found = conn.execute(sa.select(meta.c.value).where(meta.c.name == b"store_id")).scalar()
+    return None if found is None else bytes(found).decode()
 
 
 def manifest_digest(path: Path) -> str:
@@ -114,8 +112,7 @@ class PlanHandler:
                 planned_digest=recorded["manifest"]["digest"],
                 digest=found,
             )
-        # A plan made on an empty log names no store: the head it records then decides.
-        if recorded["store"] is not None and store_identity(handler.ledger) != recorded["store"]:
+        if store_identity(handler.ledger) != recorded["store"]:
             raise InvalidInput(
                 "the plan was made for another store",
                 field="plan",

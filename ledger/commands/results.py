@@ -142,7 +142,7 @@ class PlanResult(TypedDict):
     preflight (``packs``, ``bindings``, ``catalog`` are its fields), appending nothing.
 
     ``refused`` is the typed rejection ``apply`` would raise (then ``catalog`` is
-    ``None``); ``store`` the identity of the store (its first log entry's chain hash),
+    ``None``); ``store`` the identity of the store (its ``store_id``),
     ``at`` the head it was computed at; ``command_id`` is the apply's (R10)."""
 
     format: str
