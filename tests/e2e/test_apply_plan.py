@@ -25,8 +25,10 @@ from hypothesis import strategies as st
 
 from domain.catalog import published_view_id
 from domain.errors import Conflict, InvalidInput, LifecycleRejected
+from domain.served import AudienceView
 from ledger.api import open_store
 from ledger.cli.plan_render import render_plan
+from ledger.commands import apply as apply_module
 from ledger.commands.plan import shared
 from ledger.commands.results import ApplyResult, PlanResult
 from ledger.commands.service import CommandService
@@ -81,12 +83,15 @@ def test_r11_plan_is_what_apply_then_reports_and_appends_nothing(world: World) -
         ("app:a", False),
         ("app:b", False),
     ]
-    assert plan["summary"] == "2 packs installed; 4 grants; 2 audiences change; publishes revision 1"
+    assert (
+        plan["summary"] == "2 packs installed; 4 grants; 2 audiences change; publishes revision 1"
+    )
     applied = service.apply(first)
     assert shared(applied) == shared(plan)
     with open_store(world.url) as store:
         for audience in plan["audiences"]:
             view = store.view(audience["audience"])
+            assert isinstance(view, AudienceView)
             assert view.audience_digest == audience["digest"]
 
     # Advance a, remove b (its audience loses every grant), nothing else.
@@ -281,8 +286,12 @@ class Planning:
     def apply(self, path: Path, *, publish: bool = True) -> ApplyResult:
         recorder = self.service.ledger.recorder
         head = recorder.head()
+        fast, full = self.counts["fast"], self.counts["full"]
         plan = self.service.plan(path, publish=publish)
         assert recorder.head() == head, "the plan appended"
+        # Which build the plan's preflight made: counted by ``counting`` below.
+        self.counts["planned fast"] += self.counts["fast"] > fast and self.counts["full"] == full
+        self.counts["planned full"] += self.counts["full"] > full
         result = self.service.apply(path, publish=publish)
         assert shared(result) == shared(plan), (plan, result)
         assert plan["empty"] == result["noop"]
@@ -322,11 +331,27 @@ def histories(request: pytest.FixtureRequest, tmp_path: Path) -> Stores:
     )
 
 
+def counting(monkeypatch: pytest.MonkeyPatch, counts: dict[str, int]) -> None:
+    """Count the preflight's incremental (R30) and full builds of a release."""
+    for name, key in (("simulate_fast", "fast"), ("simulate_release", "full")):
+        real = getattr(apply_module, name)
+
+        def counted(*args: Any, _real: Any = real, _key: str = key, **kwargs: Any) -> Any:
+            counts[_key] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(apply_module, name, counted)
+
+
 def test_r11_plan_equals_the_following_apply_over_random_release_histories(
-    histories: Stores,
+    histories: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stats = Stats()
-    counts = {"plans": 0, "empty": 0, "audiences": 0, "lost": 0}
+    counts = dict.fromkeys(
+        ("plans", "empty", "audiences", "lost", "fast", "full", "planned fast", "planned full"),
+        0,
+    )
+    counting(monkeypatch, counts)
 
     @settings(
         max_examples=4,
@@ -348,5 +373,6 @@ def test_r11_plan_equals_the_following_apply_over_random_release_histories(
     check()
     print(f"\n[plan histories {histories.engine}] {stats.summary()}; {counts}")
     assert counts["plans"] > stats.examples * 2 and counts["audiences"] > 0
-    # Both engines' incremental path (kept fragments) and full builds were planned.
-    assert sum(stats.kept.values()) > 0 and stats.publications["apply"] > stats.examples
+    # Plans built on the parent revision (R30) and full builds (first releases) alike.
+    assert counts["planned fast"] > stats.examples and counts["planned full"] >= stats.examples
+    assert stats.publications["apply"] > stats.examples
