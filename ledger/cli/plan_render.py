@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
-
-if TYPE_CHECKING:
-    from ledger.commands.results import PlanResult
 
 #: Decision -> (sign, colour).
 _MARKS = {
@@ -39,7 +36,8 @@ def _short(value: str | None, n: int = 12) -> str:
     return value if len(value) <= n else value[:n]
 
 
-def render_plan(plan: PlanResult) -> None:
+def render_plan(plan: Any) -> None:
+    """Print ``plan`` (a ``PlanResult``, as ``Store.plan`` returns it)."""
     colour = coloured()
 
     def line(text: str, fg: str | None = None, bold: bool = False) -> None:
@@ -59,7 +57,7 @@ def render_plan(plan: PlanResult) -> None:
             where = f"{_short(pack['revision'])} (payload {_short(pack['payload_hash'], 19)})"
         line(f"  {sign} {pack['pack']}: {pack['decision']} {where}", fg)
     for op, (sign, verb, fg) in _OPS.items():
-        for binding in plan["bindings"][op]:  # type: ignore[literal-required]
+        for binding in plan["bindings"][op]:
             line(f"  {sign} {verb} {_binding(binding)}", fg)
     for audience in plan["audiences"]:
         if audience["loses_all_grants"]:
