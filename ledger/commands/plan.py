@@ -142,7 +142,7 @@ class PlanHandler:
                 )
 
         def confirm(result: ApplyResult) -> None:
-            if shared(result) != shared(recorded):
+            if orjson.loads(orjson.dumps(shared(result))) != shared(recorded):
                 raise Conflict(
                     "the release no longer does what the plan says: make a new plan", rule="R11"
                 )
