@@ -29,6 +29,7 @@ from domain.served import AudienceView
 from ledger.api import open_store
 from ledger.cli.plan_render import render_plan
 from ledger.commands import apply as apply_module
+from ledger.commands.apply import ApplyHandler
 from ledger.commands.plan import shared
 from ledger.commands.results import ApplyResult, PlanResult
 from ledger.commands.service import CommandService
@@ -376,3 +377,35 @@ def test_r11_plan_equals_the_following_apply_over_random_release_histories(
     # Plans built on the parent revision (R30) and full builds (first releases) alike.
     assert counts["planned fast"] > stats.examples and counts["planned full"] >= stats.examples
     assert stats.publications["apply"] > stats.examples
+
+
+def test_r11_plan_file_racing_a_release_is_conflict(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another release lands between the plan file's preflight and its final append: the
+    append is refused and the re-decision finds the store moved (CONFLICT); what the
+    plan would have activated is not, and the other release's revision stays in force."""
+    path = release(world, "r1.json", {"a": world.commit("a", 1)})
+    plan_file = world.tmp / "plan.json"
+    with open_store(world.url) as store:
+        store.plan(path, out=plan_file)
+    other = release(world, "other.json", {"b": world.commit("b", 1)})
+    real = ApplyHandler.decide
+    raced: list[ApplyResult] = []
+    racer = CommandService(world.ledger, lease_wait=10.0)
+
+    def racing(self: ApplyHandler, *args: Any, **kwargs: Any) -> Any:
+        decided = real(self, *args, **kwargs)
+        if self.observe is not None and not raced:  # the plan file's preflight
+            raced.append(racer.apply(other))
+        return decided
+
+    monkeypatch.setattr(ApplyHandler, "decide", racing)
+    with pytest.raises(Conflict) as info:
+        world.service.apply(None, plan_file=plan_file)
+    assert info.value.details["rule"] == "R11"
+    monkeypatch.undo()
+    with open_store(world.url) as store:
+        status = {p["pack"]: p for p in store.status()["packs"]}
+        assert status["a"]["active_install_id"] is None, status["a"]
+        assert store.view("app:b").revision == raced[0]["catalog"]["revision"]
