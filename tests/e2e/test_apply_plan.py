@@ -408,4 +408,6 @@ def test_r11_plan_file_racing_a_release_is_conflict(
     with open_store(world.url) as store:
         status = {p["pack"]: p for p in store.status()["packs"]}
         assert status["a"]["active_install_id"] is None, status["a"]
-        assert store.view("app:b").revision == raced[0]["catalog"]["revision"]
+        view = store.view("app:b")
+        assert isinstance(view, AudienceView)
+        assert view.revision == raced[0]["catalog"]["revision"]
