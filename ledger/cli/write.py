@@ -88,8 +88,10 @@ def apply(
 ) -> int:
     """Converge the store to a release manifest (packs, then bindings and publication)."""
     if plan:
-        if manifest is None or plan_file is not None or command_id is not None:
-            raise click.UsageError("--plan takes a MANIFEST (no --plan-file, no --command-id)")
+        if manifest is None or plan_file is not None or command_id is not None or rebuild_stale:
+            raise click.UsageError(
+                "--plan takes a MANIFEST (no --plan-file, --command-id or --rebuild-stale)"
+            )
         return show_plan(
             manifest, publish=publish, out=out, detailed=detailed_exitcode, as_json=as_json
         )
