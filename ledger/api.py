@@ -65,7 +65,12 @@ if TYPE_CHECKING:
     )
     from ledger.audit.verify import AuditReport
     from ledger.commands.credentials import CredentialList, IssuedCredential, RevokedCredential
-    from ledger.commands.results import ApplyResult, ImportLegacyResult, PublishResult
+    from ledger.commands.results import (
+        ApplyResult,
+        ImportLegacyResult,
+        PlanResult,
+        PublishResult,
+    )
     from ledger.commands.service import CommandService
     from ledger.store.migrations import MigrateResult
     from projections.rebuild import RebuildOutcome
@@ -229,22 +234,44 @@ class Store:
 
     def apply(
         self,
-        manifest: Path | str,
+        manifest: Path | str | None = None,
         *,
         command_id: str | None = None,
         publish: bool = True,
         wait: float = 30.0,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         rebuild_stale: bool = False,
+        plan_file: Path | str | None = None,
     ) -> ApplyResult:
         """Converge the store to a release manifest (packs, bindings, one revision).
 
         A view built by other view code than this program's refuses the release
-        before any append (R25); ``rebuild_stale`` rebuilds such views first."""
+        before any append (R25); ``rebuild_stale`` rebuilds such views first. With
+        ``plan_file`` (``plan(..., out=...)``), exactly that plan: the manifest it
+        names (or ``manifest``, the same bytes), the command id it planned, and only
+        if recomputing it on this store gives the same plan (R28)."""
         if rebuild_stale:
             self.rebuild_stale()
         service = self.service(wait=wait, lease_ttl=lease_ttl)
-        return service.apply(Path(manifest), command_id=command_id, publish=publish)
+        return service.apply(
+            None if manifest is None else Path(manifest),
+            command_id=command_id,
+            publish=publish,
+            plan_file=None if plan_file is None else Path(plan_file),
+        )
+
+    def plan(
+        self, manifest: Path | str, *, publish: bool = True, out: Path | str | None = None
+    ) -> PlanResult:
+        """What ``apply(manifest, publish=publish)`` would do now (``apply --plan``):
+        appends nothing and takes no lease. ``out`` writes the plan file that
+        ``apply(plan_file=...)`` applies."""
+        result = self.service().plan(Path(manifest), publish=publish)
+        if out is not None:
+            from ledger.commands.plan import write_plan
+
+            write_plan(Path(out), result)
+        return result
 
     def publish(self, *, command_id: str | None = None) -> PublishResult:
         """Validate every audience's closure and publish one revision (if changed)."""

@@ -10,7 +10,34 @@ from ledger.cli.app import cli, emit, json_option, store
 
 
 @cli.command()
-@click.argument("manifest", type=click.Path(path_type=Path))
+@click.argument("manifest", type=click.Path(path_type=Path), required=False)
+@click.option(
+    "--plan",
+    "plan",
+    is_flag=True,
+    help="Show what apply would do (packs, bindings, audiences, revision) and append "
+    "nothing: no lease is taken.",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="PLAN",
+    help="With --plan: write the plan file for `apply --plan-file PLAN`.",
+)
+@click.option(
+    "--plan-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="PLAN",
+    help="Apply exactly this plan: CONFLICT if the store moved since, INVALID if the "
+    "file or manifest changed (R28); using it again is an exact retry (R10).",
+)
+@click.option(
+    "--detailed-exitcode",
+    is_flag=True,
+    help="With --plan: exit 10 when the plan is not empty (0: nothing to do).",
+)
 @click.option(
     "--command-id",
     default=None,
@@ -47,15 +74,33 @@ from ledger.cli.app import cli, emit, json_option, store
 )
 @json_option
 def apply(
-    manifest: Path,
+    manifest: Path | None,
+    plan: bool,
+    out: Path | None,
+    plan_file: Path | None,
+    detailed_exitcode: bool,
     command_id: str | None,
     wait: float,
     lease_ttl: float,
     publish: bool,
     rebuild_stale: bool,
     as_json: bool,
-) -> None:
+) -> int:
     """Converge the store to a release manifest (packs, then bindings and publication)."""
+    if plan:
+        if manifest is None or plan_file is not None or command_id is not None or rebuild_stale:
+            raise click.UsageError(
+                "--plan takes a MANIFEST (no --plan-file, --command-id or --rebuild-stale)"
+            )
+        return show_plan(
+            manifest, publish=publish, out=out, detailed=detailed_exitcode, as_json=as_json
+        )
+    if out is not None or detailed_exitcode:
+        raise click.UsageError("--out and --detailed-exitcode go with --plan")
+    if manifest is None and plan_file is None:
+        raise click.UsageError("missing MANIFEST (or --plan-file PLAN)")
+    if plan_file is not None and command_id is not None:
+        raise click.UsageError("--plan-file applies the plan's own command id")
     result = store().apply(
         manifest,
         command_id=command_id,
@@ -63,6 +108,7 @@ def apply(
         wait=wait,
         lease_ttl=lease_ttl,
         rebuild_stale=rebuild_stale,
+        plan_file=plan_file,
     )
 
     def human() -> None:
@@ -101,6 +147,21 @@ def apply(
             )
 
     emit(as_json, result, human)
+    return 0
+
+
+def show_plan(
+    manifest: Path, *, publish: bool, out: Path | None, detailed: bool, as_json: bool
+) -> int:
+    """``apply --plan``: print the plan; exit 10 with ``--detailed-exitcode`` when it is not
+    empty, or the rejection's exit code when apply would refuse the release."""
+    from ledger.cli.plan_render import render_plan
+
+    result = store().plan(manifest, publish=publish, out=out)
+    emit(as_json, result, lambda: render_plan(result))
+    if result["refused"] is not None:
+        return int(result["refused"]["exit_code"])
+    return 10 if detailed and not result["empty"] else 0
 
 
 @cli.command()

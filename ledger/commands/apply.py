@@ -19,7 +19,7 @@ rejection to name) the release is simulated as a full build.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +55,7 @@ from ledger.commands.results import ApplyResult
 from ledger.commands.simulate import (
     Pack,
     Plan,
+    Preflight,
     Release,
     after_recovery_of,
     apply_result,
@@ -68,7 +69,7 @@ from ledger.commands.simulate import (
 from ledger.commands.steps import LifecycleSteps
 from ledger.commands.unit_of_work import UnitOfWork, then
 from ledger.commands.writer_lease import WRITER_LEASE, LeaseBusy, LeaseHandle, LeaseLost
-from ledger.log.append import Precommit
+from ledger.log.append import Head, Precommit
 from ledger.observability import bind, get_logger, logged_command, phase, phased
 from ledger.sources.local import KnownLocal
 from ledger.sources.resolve import ResolvedPack, load_manifest, resolve_packs
@@ -125,6 +126,10 @@ class ApplyHandler:
         self.uow = uow
         self.lease = lease
         self.steps = steps
+        #: ``plan``: shown the preflight (the plan, or why the release is refused), and
+        #: the result just before the final append (``apply --plan-file`` confirms it).
+        self.observe: Callable[[Preflight], None] | None = None
+        self.confirm: Callable[[ApplyResult], None] | None = None
 
     @logged_command(log, "apply", publication_summary)
     def apply(
@@ -142,36 +147,7 @@ class ApplyHandler:
         the command id: resolve, preflight, lease, recover, prepare, final_append
         (and views, for each append).
         """
-        with phase("resolve") as resolving:
-            manifest = load_manifest(manifest_path)
-            base = manifest_path.resolve().parent
-            with self.ledger.snapshot() as reader:
-                anchor = read_anchor(self.ledger, reader.conn)
-                known = known_packs(self.ledger, reader.conn, anchor, manifest, base)
-            packs = merged(known, resolve_packs(manifest.packs, base=base, skip=known))
-            resolving["packs"] = len(packs)
-            resolving["known"] = len(known)
-        request = {
-            "kind": "apply",
-            "packs": [
-                {
-                    "pack": r.name,
-                    "source_kind": r.source.kind._value_,  # no enum descriptor per pack
-                    "revision": r.source.revision,
-                    "payload_hash": r.payload_hash,
-                    "category": r.category,
-                }
-                for r in packs
-            ],
-            "bindings": None
-            if manifest.bindings is None
-            else [list(b.sort_key()) for b in manifest.bindings],
-            "publish": publish,
-        }
-        # "remove" only when there is one: releases without it keep their digests (R10).
-        removal = {"remove": list(manifest.remove)} if manifest.remove else {}
-        # Every leaf is a validated manifest field or a hash (R10: the same bytes).
-        request_digest = self.uow.request_digest({**request, **removal}, trusted=True)
+        manifest, base, anchor, packs, request_digest = self.resolve(manifest_path, publish)
         deadline = time.monotonic() + self.lease.wait
         pause = 0.05
         lost = 0
@@ -180,7 +156,7 @@ class ApplyHandler:
             # this very release, so wait for it to end and decide again rather than
             # appending anything (an identical copy then finds the recorded result or
             # nothing left to do, R10).
-            decided = self._decide(
+            decided = self.decide(
                 manifest, packs, base, anchor, command_id, request_digest, publish
             )
             if not isinstance(decided, _Decided):
@@ -218,8 +194,45 @@ class ApplyHandler:
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
 
+    def resolve(
+        self, manifest_path: Path, publish: bool
+    ) -> tuple[Manifest, Path, Anchor | None, list[Pack], str]:
+        """Read the manifest, know the packs the log already knows, resolve the others;
+        and the request's digest (R10)."""
+        with phase("resolve") as resolving:
+            manifest = load_manifest(manifest_path)
+            base = manifest_path.resolve().parent
+            with self.ledger.snapshot() as reader:
+                anchor = read_anchor(self.ledger, reader.conn)
+                known = known_packs(self.ledger, reader.conn, anchor, manifest, base)
+            packs = merged(known, resolve_packs(manifest.packs, base=base, skip=known))
+            resolving["packs"] = len(packs)
+            resolving["known"] = len(known)
+        request = {
+            "kind": "apply",
+            "packs": [
+                {
+                    "pack": r.name,
+                    "source_kind": r.source.kind._value_,  # no enum descriptor per pack
+                    "revision": r.source.revision,
+                    "payload_hash": r.payload_hash,
+                    "category": r.category,
+                }
+                for r in packs
+            ],
+            "bindings": None
+            if manifest.bindings is None
+            else [list(b.sort_key()) for b in manifest.bindings],
+            "publish": publish,
+        }
+        # "remove" only when there is one: releases without it keep their digests (R10).
+        removal = {"remove": list(manifest.remove)} if manifest.remove else {}
+        # Every leaf is a validated manifest field or a hash (R10: the same bytes).
+        request_digest = self.uow.request_digest({**request, **removal}, trusted=True)
+        return manifest, base, anchor, packs, request_digest
+
     @phased("preflight")
-    def _decide(
+    def decide(
         self,
         manifest: Manifest,
         packs: list[Pack],
@@ -233,6 +246,11 @@ class ApplyHandler:
         with self.ledger.snapshot() as reader:
             cid = self.uow.command_id(command_id, "apply", request_digest, reader)
             bind(command_id=cid)
+            # Where a plan was made: the head and the command id derived there.
+            seen_at: tuple[Head, str] | None = None
+            if self.observe is not None:
+                derived = self.uow.command_id(None, "apply", request_digest, reader)
+                seen_at = (self.ledger.recorder.head_in(reader.conn), derived)
             prior = self.uow.recorded(reader, cid, "apply", request_digest)
             if prior is not None:
                 return cast(ApplyResult, {**prior, "replayed": True})
@@ -275,32 +293,39 @@ class ApplyHandler:
                     states=states,
                     extra=bound_packs(manifest.bindings),
                 )
-        if preview is None:
-            preview = simulate_release(
-                packs,
-                plan,
-                recovered_states,
-                catalog,
-                manifest.bindings,
-                candidates=None,
-                publish=publish,
-            )
+        free = lease is None or lease.is_free(self.lease.now_us())
+        try:
+            if preview is None:
+                preview = simulate_release(
+                    packs,
+                    plan,
+                    recovered_states,
+                    catalog,
+                    manifest.bindings,
+                    candidates=None,
+                    publish=publish,
+                )
+            if not preview.noop and abandoned and free and preview.fast is None:
+                # This release will be the next lease holder: its recovery turns every
+                # abandoned attempt into failed_dirty (R12), so judge the catalog it will
+                # publish after that, before any append (R11).
+                simulate_release(
+                    packs,
+                    plan,
+                    recovered_states,
+                    after_recovery_of(catalog, abandoned),
+                    manifest.bindings,
+                    candidates=None,
+                    publish=publish,
+                )
+        except PublicationRejected as exc:
+            if self.observe is not None and seen_at is not None:
+                self.observe(Preflight(cid, *seen_at, packs, plan, recovered_states, None, exc))
+            raise
+        if self.observe is not None and seen_at is not None:
+            self.observe(Preflight(cid, *seen_at, packs, plan, recovered_states, preview, None))
         if preview.noop:
             return apply_result(cid, packs, plan, {}, preview, recovered=[], noop=True)
-        free = lease is None or lease.is_free(self.lease.now_us())
-        if abandoned and free and preview.fast is None:
-            # This release will be the next lease holder: its recovery turns every
-            # abandoned attempt into failed_dirty (R12), so judge the catalog it will
-            # publish after that, before any append (R11).
-            simulate_release(
-                packs,
-                plan,
-                recovered_states,
-                after_recovery_of(catalog, abandoned),
-                manifest.bindings,
-                candidates=None,
-                publish=publish,
-            )
         busy = None
         if not free and lease is not None and lease.holder != self.lease.holder:
             busy = LeaseBusy(
@@ -477,6 +502,8 @@ class ApplyHandler:
         result = apply_result(
             cid, packs, plan, candidates, release, recovered=list(handle.recovered), noop=False
         )
+        if self.confirm is not None:
+            self.confirm(result)
         record = CommandRecord(
             command_id=cid, kind="apply", request_digest=request_digest, result=dict(result)
         )

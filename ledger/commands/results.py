@@ -9,7 +9,7 @@ and a result read back from a 0.1 log needs no conversion.
 
 from __future__ import annotations
 
-from typing import NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class PackOutcome(TypedDict):
@@ -106,6 +106,58 @@ class ImportLegacyResult(TypedDict):
     replayed: bool
     imported: list[str]
     unchanged: list[str]
+
+
+class PlannedPack(PackOutcome):
+    """One pack of a plan: what ``apply`` will report for it, and where it comes from
+    (the active generation's revision and payload hash before the release)."""
+
+    from_revision: str | None
+    from_payload_hash: str | None
+
+
+class AudienceChange(TypedDict):
+    """An audience whose served view the release changes: its new digest, ``None`` (and
+    ``loses_all_grants``) when it would lose every grant."""
+
+    audience: str
+    digest: str | None
+    loses_all_grants: bool
+
+
+class PlanManifest(TypedDict):
+    path: str
+    digest: str  # sha256 of the manifest file's bytes
+
+
+class PlanAt(TypedDict):
+    """The log head the plan was computed at."""
+
+    position: int
+    chain: str
+
+
+class PlanResult(TypedDict):
+    """``apply --plan``: what the following ``apply`` will report, computed by its own
+    preflight (``packs``, ``bindings``, ``catalog`` are its fields), appending nothing.
+
+    ``refused`` is the typed rejection ``apply`` would raise (then ``catalog`` is
+    ``None``); ``store`` the identity of the store (its ``store_id``),
+    ``at`` the head it was computed at; ``command_id`` is the apply's (R10)."""
+
+    format: str
+    summary: str
+    empty: bool
+    store: str | None
+    manifest: PlanManifest
+    at: PlanAt
+    command_id: str
+    publish: bool
+    packs: list[PlannedPack]
+    bindings: BindingChanges
+    catalog: CatalogOutcome | None
+    audiences: list[AudienceChange]
+    refused: dict[str, Any] | None
 
 
 CommandResult = ApplyResult | PublishResult | ImportLegacyResult

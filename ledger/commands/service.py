@@ -42,6 +42,7 @@ from eventsourcing.domain import Aggregate
 from domain.classifier import PackState
 from domain.coordination import DEFAULT_LEASE_TTL, CommandRecord, Lease
 from domain.credentials import DEFAULT_EXPIRES_IN
+from domain.errors import UsageError
 from domain.identity import PackName
 from domain.lifecycle import MAX_EPOCH
 from domain.matrix import Command
@@ -58,6 +59,7 @@ from ledger.commands.publish import PublishHandler, StagedPublication
 from ledger.commands.results import (
     ApplyResult,
     ImportLegacyResult,
+    PlanResult,
     PublishResult,
     RecoveredAttempt,
 )
@@ -118,10 +120,31 @@ class CommandService:
     # -- apply (built per call: over whichever steps this service holds) ---------------------
 
     def apply(
-        self, manifest_path: Path, *, command_id: str | None = None, publish: bool = True
+        self,
+        manifest_path: Path | None,
+        *,
+        command_id: str | None = None,
+        publish: bool = True,
+        plan_file: Path | None = None,
     ) -> ApplyResult:
+        """``apply``; with ``plan_file``, exactly the plan it holds (``ledger.commands.plan``:
+        ``manifest_path``, when given, must be the planned manifest's bytes)."""
         handler = ApplyHandler(self.ledger, self.uow, self.lease, self.steps)
+        if plan_file is not None:
+            from ledger.commands.plan import PlanHandler
+
+            return PlanHandler(handler).apply_plan(plan_file, manifest_path=manifest_path)
+        if manifest_path is None:
+            raise UsageError("apply needs a MANIFEST or a --plan-file")
         return handler.apply(manifest_path, command_id=command_id, publish=publish)
+
+    def plan(self, manifest_path: Path, *, publish: bool = True) -> PlanResult:
+        """What ``apply(manifest_path, publish=publish)`` would do now, from its own
+        preflight: appends nothing, takes no lease (``ledger.commands.plan``)."""
+        from ledger.commands.plan import PlanHandler
+
+        handler = ApplyHandler(self.ledger, self.uow, self.lease, self.steps)
+        return PlanHandler(handler).plan(manifest_path, publish=publish)
 
     # -- publish --------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import Literal, cast
 from uuid import UUID
 
 from domain.classifier import PackState
+from domain.errors import LedgerError
 from domain.identity import PackName
 from domain.lifecycle import install_id_for
 from domain.manifest import BindingSpec, Manifest
@@ -23,6 +24,7 @@ from ledger.commands.results import (
     PackOutcome,
     RecoveredAttempt,
 )
+from ledger.log.append import Head
 from ledger.sources.local import KnownLocal
 from ledger.sources.resolve import ResolvedPack
 from publisher.catalog import CatalogInput, PackAuthority
@@ -56,6 +58,23 @@ class Release:
     removed: list[PackOutcome] = field(default_factory=list)
     #: Built on the parent revision (R30): what it relied on and the fragments it keeps.
     fast: FastRelease | None = None
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What ``apply``'s preflight decided, in one snapshot, before any append: what
+    ``plan`` reports (``ledger.commands.plan``). ``preview`` is ``None`` when
+    ``refused`` says why the release would be rejected."""
+
+    command_id: str
+    #: The log head the decision read, and the command id derived there (R10).
+    head: Head
+    derived_id: str
+    packs: list[Pack]
+    plan: Plan
+    states: Mapping[PackName, PackState]
+    preview: Release | None
+    refused: LedgerError | None
 
 
 def after_recovery_of(catalog: CatalogInForce, abandoned: set[str]) -> CatalogInForce:
