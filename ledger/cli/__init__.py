@@ -6,7 +6,17 @@
 
 from __future__ import annotations
 
-from ledger.cli import audit, backup, credentials, lease, projections, read, store, write
+from ledger.cli import (
+    audit,
+    backup,
+    credentials,
+    lease,
+    projections,
+    read,
+    rollback,
+    store,
+    write,
+)
 from ledger.cli.app import cli, dump_json, main, run
 
 __all__ = [
@@ -19,6 +29,7 @@ __all__ = [
     "main",
     "projections",
     "read",
+    "rollback",
     "run",
     "store",
     "write",
