@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import click
 
 from ledger.cli.app import cli, emit, json_option, store
-
-if TYPE_CHECKING:
-    from ledger.commands.rollback import RollbackResult
 
 #: Colour of each pack action and of the digest comparison (on a terminal only).
 _COLOURS = {"advance": "yellow", "reinstall": "cyan", "remove": "red", "unchanged": None}
@@ -68,7 +66,7 @@ def dump_compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def render(result: RollbackResult, on: bool) -> None:
+def render(result: Mapping[str, Any], on: bool) -> None:
     """The human output: the summary line first, then packs, bindings, digests, notes."""
     n = result["to_revision"]
     head = f"rollback plan to revision {n}" if result["plan"] else f"rollback to revision {n}"
