@@ -30,6 +30,16 @@ def _grant(g: dict[str, Any]) -> str:
     return f"{g['audience']} {g['pack']} {g['kind']} {g['key']}{cred}"
 
 
+def _shown(repo: str) -> str:
+    """A repository path as the operator would write it: relative when it lies under the
+    working directory (the JSON and the manifest keep the absolute path)."""
+    try:
+        relative = os.path.relpath(repo)
+    except ValueError:
+        return repo
+    return repo if relative.startswith("..") else relative
+
+
 def _pack_line(p: dict[str, Any], on: bool) -> str:
     action = _paint(p["action"], _COLOURS[p["action"]], on=on)
     was: dict[str, Any] = p.get("from") or {}
@@ -38,7 +48,7 @@ def _pack_line(p: dict[str, Any], on: bool) -> str:
         return f"  {p['pack']}: {action} at {to['revision'][:12]}"
     if p["action"] == "remove":
         return f"  {p['pack']}: {action} (active now: {was['revision'][:12]}, not at the revision)"
-    where = f"{to['repo']}@{to['revision'][:12]}:{to['path']}"
+    where = f"{_shown(to['repo'])}@{to['revision'][:12]}:{to['path']}"
     if p["action"] == "reinstall":
         return f"  {p['pack']}: {action} {where} (removed since; a fresh incarnation)"
     return f"  {p['pack']}: {action} {was['revision'][:12]} -> {where} (a fresh generation)"
@@ -96,10 +106,12 @@ def render(result: Mapping[str, Any], on: bool) -> None:
         )
     if "published" in result:
         published = result["published"]
+        same = published["content_digest"] == target["content_digest"]
+        why = "the same generations" if same else "new install ids and epochs, R7/R17"
+        click.echo(f"  content digest ({why}):")
+        click.echo(f"    revision {target['revision']}: {target['content_digest']}")
         click.echo(
-            f"  content digest of revision {published['revision']}: "
-            f"{published['content_digest']} (revision {target['revision']}'s is "
-            f"{target['content_digest']}: new install ids and epochs, R7/R17)"
+            f"    revision {published['revision']} (published): {published['content_digest']}"
         )
     local = result["left_alone"]["local_path"]
     for note in result["left_alone"]["notes"]:

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
+import subprocess
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +30,8 @@ from tests.support.gitrepo import Repo, local, push_closure
 from tests.support.lifecycle_support import World, content
 
 DRIVERS = ["cli", "api"]
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
 ERP, CRM = "integration:erp-sync", "app:crm"
 
 
@@ -420,3 +425,33 @@ def test_r7_rollback_help_says_what_it_leaves_alone() -> None:
 def test_r7_rollback_needs_a_revision() -> None:
     out = cli("rollback")
     assert out.code == 2 and "--to-revision" in out.stderr
+
+
+# -- the README's example ---------------------------------------------------------------------
+
+
+def test_r17_readme_rollback_example_is_what_the_demo_store_prints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README "Roll back to a revision" shows real output: the demo's two releases, then
+    ``rollback --to-revision 1`` (install ids are reproducible, so the digests are too)."""
+    subprocess.run(
+        ["sh", str(EXAMPLES / "make-repo.sh"), str(tmp_path / "repos" / "catalog")],
+        capture_output=True,
+        check=True,
+    )
+    for name in ("release-1.json", "release-2.json"):
+        shutil.copy(EXAMPLES / name, tmp_path / name)
+    shutil.copytree(EXAMPLES / "packs", tmp_path / "packs")
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    assert cli("--db", url, "init").code == 0
+    for name in ("release-1.json", "release-2.json"):
+        assert cli("--db", url, "apply", name).code == 0
+    out = cli("--db", url, "rollback", "--to-revision", "1")
+    assert out.code == 0, out.stderr
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Roll back to a revision") :]
+    shown = re.search(r"\$ catalog-ledger rollback --to-revision 1\n(.*?)```", section, re.S)
+    assert shown is not None, "README's rollback section has no example"
+    assert out.stdout == shown.group(1)
