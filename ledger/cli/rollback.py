@@ -84,6 +84,8 @@ def render(result: Mapping[str, Any], on: bool) -> None:
     if not result["plan"]:
         published = result.get("published")
         tail = f"; published revision {published['revision']}" if published else "; nothing new"
+        if "blocked" in result["apply"]["catalog"]:
+            tail = "; NOT published"
     click.echo(_paint(f"{head}: {result['summary']}{tail}", None, on=on, bold=True))
     for p in result["packs"]:
         click.echo(_pack_line(p, on))
@@ -117,6 +119,12 @@ def render(result: Mapping[str, Any], on: bool) -> None:
     for note in result["left_alone"]["notes"]:
         extra = f": {', '.join(local)}" if note.startswith("local_path") and local else ""
         click.echo(f"  note: {note}{extra}")
+    if not result["plan"]:
+        applied = result["apply"]
+        click.echo(f"  applied as apply {applied['command_id']}")
+        if "blocked" in applied["catalog"]:
+            message = applied["catalog"]["blocked"]["message"]
+            click.echo(_paint(f"  NOT published: {message}", "red", on=on))
     if result["plan"]:
         click.echo("  release manifest (applied by `catalog-ledger rollback` without --plan):")
         for line in manifest_lines(result["manifest"]):
@@ -143,8 +151,15 @@ def render(result: Mapping[str, Any], on: bool) -> None:
     show_default=True,
     help="Seconds to wait for the writer lease held by another process.",
 )
+@click.option(
+    "--lease-ttl",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    help="Seconds the writer lease lasts unless renewed (as for `apply`).",
+)
 @json_option
-def rollback(to_revision: str, plan: bool, wait: float, as_json: bool) -> None:
+def rollback(to_revision: str, plan: bool, wait: float, lease_ttl: float, as_json: bool) -> None:
     """Restore revision N's content with a new release, applied like `apply`.
 
     Packs go back to fresh generations of the sources revision N bound, packs
@@ -155,5 +170,5 @@ def rollback(to_revision: str, plan: bool, wait: float, as_json: bool) -> None:
     credentials are not rolled back. A source that can't be resolved any more is
     INVALID, naming it, before anything is appended.
     """
-    result = store().rollback(to_revision, plan=plan, wait=wait)
+    result = store().rollback(to_revision, plan=plan, wait=wait, lease_ttl=lease_ttl)
     emit(as_json, result, lambda: render(result, _colour()))
