@@ -404,6 +404,22 @@ def test_r28_a_source_that_cannot_be_resolved_is_invalid_naming_it_and_appends_n
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
+def test_r5_a_pack_official_at_n_and_local_path_now_is_invalid_and_appends_nothing(
+    world: World, driver: str
+) -> None:
+    c1 = world.commit("sales", 1)
+    release(world, [world.official("sales", c1)], push_closure(ERP, "sales"))
+    release(world, [], [], remove=("sales",))
+    path = world.manifest([local("sales", world.local_dir("sales", 2))], [])
+    world.service.apply(path)
+    tables = world.tables()
+    code, doc = rollback(world, driver, 1)
+    assert code == 3 and doc["error"] == "INVALID", doc
+    assert doc["details"]["pack"] == "sales" and "local_path" in doc["message"]
+    assert world.tables() == tables
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
 def test_r17_rollback_to_a_revision_never_published_is_missing(world: World, driver: str) -> None:
     c1 = world.commit("sales", 1)
     release(world, [world.official("sales", c1)], push_closure(ERP, "sales"))
