@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from domain.errors import InvalidInput
+from domain.errors import IntegrityFailure, InvalidInput
 
 __all__ = [
     "ActivePack",
@@ -187,8 +187,8 @@ class RollbackPlan:
         return all(s.action == UNCHANGED for s in self.steps) and not (self.restore or self.revoke)
 
     def summary(self) -> str:
-        """ "2 packs advance, 1 reinstalled, 1 removed; 2 bindings restored; 1 audience
-        changes" — what the rollback does, in one line."""
+        """What the rollback does, in one line: "2 packs advance, 1 reinstalled,
+        1 removed; bindings 2 restored; 1 audience changes"."""
         words = [
             (ADVANCE, "advance", "advances"),
             (REINSTALL, "reinstalled", "reinstalled"),
@@ -243,9 +243,10 @@ class RollbackPlan:
 def plan_rollback(target: RevisionContent, now: StoreNow) -> RollbackPlan:
     """The release that restores ``target``'s content over the store ``now``.
 
-    A pack N had as an official pack that is a ``local_path`` pack now cannot be
-    restored without touching a ``local_path`` pack: INVALID, naming it, before
-    anything is appended."""
+    Every pack of ``target`` needs the source its generation froze (else INTEGRITY:
+    the log lacks what it must hold). A pack N had as an official pack that is a
+    ``local_path`` pack now cannot be restored without touching a ``local_path`` pack:
+    INVALID, naming it, before anything is appended."""
     clash = sorted(set(target.packs) & now.local)
     if clash:
         raise InvalidInput(
@@ -256,6 +257,14 @@ def plan_rollback(target: RevisionContent, now: StoreNow) -> RollbackPlan:
             pack=clash[0],
             revision=target.revision,
         )
+    for active in target.packs.values():
+        if active.source is None:
+            raise IntegrityFailure(
+                f"pack {active.pack!r}'s generation {active.install_id}, active at revision "
+                f"{target.revision}, has no official_repo generation.prepared event in the log",
+                pack=active.pack,
+                install_id=active.install_id,
+            )
     steps: list[PackStep] = []
     for name in sorted(set(target.packs) | set(now.packs)):
         then, current = target.packs.get(name), now.packs.get(name)

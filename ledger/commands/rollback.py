@@ -26,7 +26,7 @@ from typing import Any, NotRequired, TypedDict
 
 import orjson
 
-from domain.errors import IntegrityFailure, InvalidInput
+from domain.errors import InvalidInput
 from domain.rollback import ADVANCE, REINSTALL, RevisionContent, RollbackPlan, StoreNow
 from domain.rollback import plan_rollback as plan_release
 from ledger.commands.results import ApplyResult
@@ -95,12 +95,14 @@ class RollbackHandler:
             applied = self.service.apply(path)
         result["apply"] = applied
         catalog = applied["catalog"]
-        if catalog["published"]:
-            after = self.read(catalog["revision"])
+        # What is in force after it: the revision it published, or (nothing new, or
+        # publication blocked, R12) the one in force before.
+        after = self.read(catalog["revision"]) if catalog["published"] else now.revision
+        if catalog["published"] and after is not None:
             result["published"] = _digests(after)
-        else:
-            after = now.revision if now.revision is not None else target
-        result["equivalent"] = after.equivalence_digest == target.equivalence_digest
+        result["equivalent"] = (
+            after is not None and after.equivalence_digest == target.equivalence_digest
+        )
         return result
 
 
@@ -113,14 +115,6 @@ def _check_sources(release: RollbackPlan, path: Path) -> None:
     skip = [
         i for i, p in enumerate(manifest.packs) if steps[p.name].action not in (ADVANCE, REINSTALL)
     ]
-    for step in steps.values():
-        if step.then is not None and step.then.source is None:
-            raise IntegrityFailure(
-                f"pack {step.pack!r}'s generation {step.then.install_id} active at revision "
-                f"{release.target.revision} has no official_repo generation.prepared event",
-                pack=step.pack,
-                install_id=step.then.install_id,
-            )
     try:
         resolved = resolve_packs(manifest.packs, base=path.parent, skip=skip)
     except InvalidInput as exc:
