@@ -41,6 +41,9 @@ class Purpose(StrEnum):
     AUDIENCE_MAP_KEY = "catalog-ledger 2026-12 audience map key v1"
     AUDIENCE_MAP_LEAF = "catalog-ledger 2026-12 audience map leaf v1"
     AUDIENCE_MAP_NODE = "catalog-ledger 2026-12 audience map node v1"
+    #: What a revision serves, by payload only (``publisher.equivalence``): equal for two
+    #: revisions serving the same facts and grants under other install ids and epochs.
+    PAYLOAD_EQUIVALENCE = "catalog-ledger 2026-12 payload equivalence v1"
 
 
 _U64 = struct.Struct(">Q")

@@ -71,6 +71,7 @@ if TYPE_CHECKING:
         PlanResult,
         PublishResult,
     )
+    from ledger.commands.rollback import RollbackResult
     from ledger.commands.service import CommandService
     from ledger.store.migrations import MigrateResult
     from projections.rebuild import RebuildOutcome
@@ -272,6 +273,32 @@ class Store:
 
             write_plan(Path(out), result)
         return result
+
+    def rollback(
+        self,
+        to_revision: int | str,
+        *,
+        plan: bool = False,
+        wait: float = 30.0,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+    ) -> RollbackResult:
+        """Restore revision ``to_revision``'s content by a new release (``apply``): packs
+        back at the sources it bound (fresh generations, R7), packs added since removed,
+        its bindings restored; ``local_path`` packs and credentials left alone. With
+        ``plan``: the release and what it would change, nothing appended."""
+        from ledger.audit.revision_state import read_revision, rollback_inputs
+        from ledger.commands.rollback import RollbackHandler
+        from projections.reader import parse_revision
+
+        revision = parse_revision(str(to_revision), field="to_revision")
+        assert revision is not None
+        ledger = self.ledger
+        handler = RollbackHandler(
+            self.service(wait=wait, lease_ttl=lease_ttl),
+            lambda n: rollback_inputs(ledger, n),
+            lambda n: read_revision(ledger, n),
+        )
+        return handler.rollback(revision, plan=plan)
 
     def publish(self, *, command_id: str | None = None) -> PublishResult:
         """Validate every audience's closure and publish one revision (if changed)."""

@@ -14,6 +14,7 @@ from ledger.cli import (
     lease,
     projections,
     read,
+    rollback,
     store,
     write,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "main",
     "projections",
     "read",
+    "rollback",
     "run",
     "store",
     "write",

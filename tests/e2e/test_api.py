@@ -84,6 +84,7 @@ def test_r16_every_cli_command_has_its_api_method() -> None:
         "status": Store.status,
         "apply": Store.apply,
         "publish": Store.publish,
+        "rollback": Store.rollback,
         "import-legacy": Store.import_legacy,
         "credentials issue": Store.credentials_issue,
         "credentials revoke": Store.credentials_revoke,
