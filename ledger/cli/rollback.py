@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ledger.cli.app import cli, emit, json_option, store
+from ledger.cli.plan_render import render_plan
 
 #: Colour of each pack action and of the digest comparison (on a terminal only).
 _COLOURS = {"advance": "yellow", "reinstall": "cyan", "remove": "red", "unchanged": None}
@@ -129,6 +130,9 @@ def render(result: Mapping[str, Any], on: bool) -> None:
         click.echo("  release manifest (applied by `catalog-ledger rollback` without --plan):")
         for line in manifest_lines(result["manifest"]):
             click.echo(f"    {line}")
+        if "apply_plan" in result:  # apply's own plan of that manifest (apply --plan)
+            click.echo("  what applying it does:")
+            render_plan(result["apply_plan"])
 
 
 @cli.command()

@@ -29,7 +29,7 @@ import orjson
 from domain.errors import InvalidInput
 from domain.rollback import ADVANCE, REINSTALL, RevisionContent, RollbackPlan, StoreNow
 from domain.rollback import plan_rollback as plan_release
-from ledger.commands.results import ApplyResult
+from ledger.commands.results import ApplyResult, PlanResult
 from ledger.commands.service import CommandService
 from ledger.sources.resolve import load_manifest, resolve_packs
 
@@ -64,6 +64,8 @@ class RollbackResult(TypedDict):
     published: NotRequired[RevisionDigests]
     equivalent: bool
     apply: NotRequired[ApplyResult]
+    #: With ``plan``: ``apply --plan`` of the rollback's manifest (appends nothing).
+    apply_plan: NotRequired[PlanResult]
 
 
 #: Reads revision N and the store now from the log; reads one revision.
@@ -90,7 +92,8 @@ class RollbackHandler:
             path.write_bytes(orjson.dumps(release.manifest(), option=orjson.OPT_INDENT_2))
             _check_sources(release, path)
             result = _result(release, plan)
-            if plan:
+            if plan:  # what `apply` of that manifest would do: its own preflight
+                result["apply_plan"] = self.service.plan(path)
                 return result
             applied = self.service.apply(path)
         result["apply"] = applied

@@ -306,6 +306,17 @@ def test_r7_rollback_plan_shows_the_release_and_appends_nothing(world: World, dr
     assert "local_path packs are left alone" in out.stdout
     assert "credentials are not rolled back" in out.stdout
     assert f'"revision": "{c1}"' in out.stdout
+    # The plan is apply's own (apply --plan of that manifest): what the rollback does.
+    planned = doc["apply_plan"]
+    assert [(p["pack"], p["decision"]) for p in planned["packs"]] == [("sales", "advance")]
+    assert "what applying it does:" in out.stdout
+    code, done = rollback(world, driver, 1)
+    assert code == 0, done
+    # (a plan's pack also says where it moves from: from_revision, from_payload_hash)
+    applied = done["apply"]["packs"]
+    assert [{k: p[k] for k in a} for p, a in zip(planned["packs"], applied, strict=True)] == applied
+    for part in ("bindings", "catalog"):
+        assert done["apply"][part] == planned[part]
 
 
 def test_r7_rollback_colours_only_a_terminal_and_honours_no_color(
