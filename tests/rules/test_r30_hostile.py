@@ -9,11 +9,13 @@ marked ``xfail(strict=True)`` are defects found in review: the reason names the 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+import ledger.commands.apply as apply_module
 from domain.errors import Conflict, InvalidInput, LedgerError
 from domain.matrix import Decision, decide
 from ledger.audit.verify import verify_log
@@ -29,6 +31,8 @@ from tests.support.gitrepo import component, local, official, pack_json, push_cl
 from tests.support.lifecycle_support import World
 
 HOLDER = "r30-hostile"
+#: Audiences bound to a pack no release here changes (keeps releases under the reuse limit).
+FILLERS = 8
 NOW = 1_800_000_000.0
 
 
@@ -124,7 +128,8 @@ def after_prepare(service: CommandService, rival: Callable[[], Any]) -> list[int
 def test_r30_rogue_advance_of_a_named_unchanged_pack_after_the_plan_is_not_swallowed(
     world: World, rogue: Rogue
 ) -> None:
-    """Revision 1 binds ``sales`` to app:crm; ``other`` is active at c1 and bound by
+    """Revision 1 binds ``sales`` to app:crm (and ``z`` to eight more audiences, so the
+    release is built on the revision in force); ``other`` is active at c1 and bound by
     nobody. The release advances ``sales`` (c1 -> c2), names ``other`` at c1 (unchanged)
     and binds it to app:ops. A rogue writer (past the lease with a copy of its handle)
     advances ``other`` to c2 right after the release's prepare append, i.e. after the
@@ -134,15 +139,21 @@ def test_r30_rogue_advance_of_a_named_unchanged_pack_after_the_plan_is_not_swall
     c1, the store has c2: advance, not unchanged), so the release must end in CONFLICT
     or decide again; it must never report ``other`` unchanged and publish app:ops bound
     to c2, a revision the manifest did not ask for."""
-    c1 = {p: world.commit(p, 1) for p in ("sales", "other")}
+    c1 = {p: world.commit(p, 1) for p in ("sales", "other", "z")}
+    fillers = [b for i in range(FILLERS) for b in push_closure(f"app:f{i}", "z")]
     world.service.apply(
         world.manifest(
-            [world.official(p, c) for p, c in c1.items()], push_closure("app:crm", "sales")
+            [world.official(p, c) for p, c in c1.items()],
+            push_closure("app:crm", "sales") + fillers,
         )
     )
     release = world.manifest(
-        [world.official("sales", world.commit("sales", 2)), world.official("other", c1["other"])],
-        push_closure("app:crm", "sales") + push_closure("app:ops", "other"),
+        [
+            world.official("sales", world.commit("sales", 2)),
+            world.official("other", c1["other"]),
+            world.official("z", c1["z"]),
+        ],
+        push_closure("app:crm", "sales") + push_closure("app:ops", "other") + fillers,
     )
     service = racer(world)
     fired = after_prepare(service, lambda: rogue.advance("other", 2))
@@ -230,3 +241,103 @@ def test_r30_the_first_bad_source_in_manifest_order_is_the_one_named(world: Worl
     with pytest.raises(InvalidInput) as info:
         world.service.apply(path)
     assert info.value.details["field"] == "packs[0].source.repo"
+
+
+# -- frozen packs: what makes one, what keeps one -------------------------------------------
+
+
+def test_r30_every_spelling_of_the_frozen_repository_keeps_the_pack_frozen(
+    world: World,
+) -> None:
+    """The same repository named as a file:// URL, relative to the manifest, with a
+    trailing slash or through ``..`` resolves to the locator the generation froze: the
+    packs stay frozen, never read (the repository has lost every object), and the
+    re-apply is a no-op equal to the full build."""
+    commits = {p: world.commit(p, 1) for p in ("a", "b")}
+    bindings = push_closure("app:a", "a") + push_closure("app:b", "b")
+    world.service.apply(
+        world.manifest([world.official(p, c) for p, c in commits.items()], bindings)
+    )
+    objects = world.repo.path / ".git" / "objects"
+    shutil.rmtree(objects)
+    objects.mkdir()
+    head = world.head()
+    repo = world.repo.path
+    for spelling in (f"file://{repo}", repo.name, f"{repo}/", f"{repo}/../{repo.name}"):
+        packs = [official(p, spelling, c, f"{p}/pack.json") for p, c in commits.items()]
+        path = world.tmp / "spelled.json"
+        path.write_text(json.dumps({"packs": packs, "bindings": bindings}), encoding="utf-8")
+        out = world.service.apply(path)
+        assert out["noop"], spelling
+        assert [p["decision"] for p in out["packs"]] == ["unchanged", "unchanged"]
+    assert world.head() == head
+    assert full_build_is_a_noop(world)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="confirm_frozen keeps the FrozenPack read at the resolve snapshot when the "
+    "revision in force moved but the pack is still frozen at the new one: its stale "
+    "activation entry (old install id and epoch) re-binds the pack's audiences to a "
+    "retired generation, validation rejects that (STALE_BINDING) and the release falls "
+    "back to the full build (correct, but O(catalog): R30's bound is lost)",
+)
+def test_r30_a_pack_frozen_again_at_a_newer_revision_decides_on_its_new_entry(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Revision 1 binds x@c1 to app:x, y@c1 to app:y and z@c1 to eight more audiences
+    (so a release changing one or two audiences stays under the reuse limit). While the
+    release (y -> c2, x named at c1) is resolving, a rival advances x to c2 and back to
+    c1 (a new generation of the same commit), publishing revisions 2 and 3. At the
+    release's preflight x is frozen again, at revision 3's generation: the release must
+    decide on that one, on the revision in force (no full build), and publish revision 4
+    with x unchanged."""
+    commits = {p: world.commit(p, 1) for p in ("x", "y", "z")}
+    bindings = [
+        *push_closure("app:x", "x"),
+        *push_closure("app:y", "y"),
+        *(b for i in range(FILLERS) for b in push_closure(f"app:f{i}", "z")),
+    ]
+    world.service.apply(
+        world.manifest([world.official(p, c) for p, c in commits.items()], bindings)
+    )
+    x2, y2 = world.commit("x", 2), world.commit("y", 2)
+    rival = CommandService(Ledger(open_database(world.url)), holder="rival", clock=lambda: NOW)
+    there = world.manifest(
+        [world.official(p, c) for p, c in {**commits, "x": x2}.items()], bindings
+    )
+    back = world.manifest([world.official(p, c) for p, c in commits.items()], bindings)
+    release = world.manifest(
+        [world.official(p, c) for p, c in {**commits, "y": y2}.items()], bindings
+    )
+    resolve = apply_module.resolve_packs
+    full_builds: list[int] = []
+
+    def rival_while_resolving(*args: Any, **kwargs: Any) -> Any:
+        if not full_builds:
+            full_builds.append(0)
+            assert rival.apply(there)["catalog"]["revision"] == 2
+            assert rival.apply(back)["catalog"]["revision"] == 3
+            full_builds[0] = 0  # the rival's own don't count
+        return resolve(*args, **kwargs)
+
+    full_build = apply_module.read_catalog_in_force
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        full_builds[0] += 1
+        return full_build(*args, **kwargs)
+
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(apply_module, "resolve_packs", rival_while_resolving)
+            patch.setattr(apply_module, "read_catalog_in_force", counted)
+            out = world.service.apply(release)
+    finally:
+        rival.ledger.close()
+    assert [(p["pack"], p["decision"]) for p in out["packs"]] == [
+        ("x", "unchanged"),
+        ("y", "advance"),
+        ("z", "unchanged"),
+    ]
+    assert out["catalog"]["revision"] == 4 and full_build_is_a_noop(world)
+    assert full_builds == [0], "the release fell back to the full build"
