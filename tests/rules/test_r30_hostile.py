@@ -20,12 +20,14 @@ from domain.errors import Conflict, InvalidInput, LedgerError
 from domain.matrix import Decision, decide
 from ledger.audit.verify import verify_log
 from ledger.commands.publish import PublishHandler
+from ledger.commands.publishing import read_catalog_in_force
 from ledger.commands.results import ApplyResult
 from ledger.commands.service import CommandService
 from ledger.commands.steps import LifecycleSteps
 from ledger.commands.unit_of_work import UnitOfWork
 from ledger.commands.writer_lease import WRITER_LEASE, LeaseHandle, read_lease
 from ledger.log.db import open_database
+from ledger.sources.resolve import resolve_packs
 from ledger.store.runtime import Ledger
 from tests.support.gitrepo import component, local, official, pack_json, push_closure
 from tests.support.lifecycle_support import World
@@ -310,7 +312,7 @@ def test_r30_a_pack_frozen_again_at_a_newer_revision_decides_on_its_new_entry(
     release = world.manifest(
         [world.official(p, c) for p, c in {**commits, "y": y2}.items()], bindings
     )
-    resolve = apply_module.resolve_packs
+    resolve = resolve_packs  # what apply imported
     full_builds: list[int] = []
 
     def rival_while_resolving(*args: Any, **kwargs: Any) -> Any:
@@ -321,7 +323,7 @@ def test_r30_a_pack_frozen_again_at_a_newer_revision_decides_on_its_new_entry(
             full_builds[0] = 0  # the rival's own don't count
         return resolve(*args, **kwargs)
 
-    full_build = apply_module.read_catalog_in_force
+    full_build = read_catalog_in_force
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         full_builds[0] += 1
