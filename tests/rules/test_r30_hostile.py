@@ -223,6 +223,38 @@ def test_r30_a_credential_set_on_a_component_without_any_is_invalid_even_when_in
 
 @pytest.mark.xfail(
     strict=True,
+    reason="R15 hole under the one above (both paths, before R30 too): a release without "
+    "``bindings`` re-binds what moved without check_binding_credentials, and the "
+    "publisher's validate() only checks admitted sets, so a credential set on a component "
+    "declaring none is published; enforcing it in validate() would also let the release on "
+    "the revision in force trust the bindings in force",
+)
+def test_r30_r15_a_rebind_onto_a_component_without_credential_sets_is_rejected(
+    world: World,
+) -> None:
+    """As above: app:x is bound to p's profile with credential set erp-prod; p@c2's
+    profile declares none. A release naming p@c2 without ``bindings`` would re-bind app:x
+    to it, credential set and all: R15 says such a binding cannot exist, so the release
+    is rejected before any append (INVALID or CLOSURE_INVALID, rule R15)."""
+    c1 = world.release({"p/pack.json": profile_pack("p", 1, ["erp-prod"])})
+    binding = {
+        "audience": "app:x",
+        "pack": "p",
+        "kind": "callout_profile",
+        "key": "erp",
+        "credential_set": "erp-prod",
+    }
+    world.service.apply(world.manifest([world.official("p", c1)], [binding]))
+    c2 = world.release({"p/pack.json": profile_pack("p", 2, None)})
+    head = world.head()
+    with pytest.raises(LedgerError) as info:
+        world.service.apply(world.manifest([world.official("p", c2)]))
+    assert info.value.details.get("rule") == "R15"
+    assert world.head() == head
+
+
+@pytest.mark.xfail(
+    strict=True,
     reason="known_packs reads every local_path pack's file before any official pack is "
     "resolved: a missing local folder at packs[1] is reported instead of the missing "
     "repository at packs[0] that resolve_packs (the full path) reports first",
