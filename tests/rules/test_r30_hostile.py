@@ -375,3 +375,45 @@ def test_r30_a_pack_frozen_again_at_a_newer_revision_decides_on_its_new_entry(
     ]
     assert out["catalog"]["revision"] == 4 and full_build_is_a_noop(world)
     assert full_builds == [0], "the release fell back to the full build"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="liveness regression: _finish refuses with CONFLICT whenever the revision in "
+    "force moved since the preflight (anchor.head != decided.anchor.head), even when every "
+    "frozen pack is still frozen at the new revision; the full path (and 3c1a81d) simulated "
+    "again on the new parent and appended. With --wait 0 the release fails; with a budget "
+    "it closes its candidate failed_clean and prepares again",
+)
+def test_r30_a_publish_landing_while_the_release_prepares_does_not_fail_it(
+    world: World,
+) -> None:
+    """Revision 1 binds ``sales`` to app:crm and ``z`` to eight audiences; a release
+    applied with ``--no-publish`` left app:ops's grant of ``other`` pending. The release
+    under test (no ``--wait`` budget) advances ``sales`` and keeps everything else. While
+    it prepares, a ``publish`` (no lease needed, R26) publishes revision 2 with the
+    pending grant. No pack the release keeps moved: it applies on revision 2 and publishes
+    revision 3, as the full path does."""
+    c1 = {p: world.commit(p, 1) for p in ("sales", "other", "z")}
+    fillers = [b for i in range(FILLERS) for b in push_closure(f"app:f{i}", "z")]
+    bindings = push_closure("app:crm", "sales") + fillers
+    packs = [world.official(p, c) for p, c in c1.items()]
+    world.service.apply(world.manifest(packs, bindings))
+    bindings += push_closure("app:ops", "other")
+    pending = world.service.apply(world.manifest(packs, bindings), publish=False)
+    assert not pending["catalog"]["published"]
+    release = world.manifest(
+        [world.official("sales", world.commit("sales", 2)), *packs[1:]], bindings
+    )
+    publisher = CommandService(Ledger(open_database(world.url)), holder="pub", clock=lambda: NOW)
+    service = racer(world)
+    fired = after_prepare(service, publisher.publish)
+    try:
+        outcome = service.apply(release)
+    finally:
+        service.ledger.close()
+        publisher.ledger.close()
+    assert fired == [1]
+    assert outcome["catalog"]["revision"] == 3 and outcome["catalog"]["published"]
+    assert full_build_is_a_noop(world)
+    audits_clean(world)
