@@ -261,8 +261,13 @@ def _problem(
     )
 
 
-def validate(catalog: CatalogInput) -> list[Problem]:
-    """Every problem of every audience's closure (R14, R15, R5, R12); empty when valid."""
+def validate(catalog: CatalogInput, *, declared_sets: bool = True) -> list[Problem]:
+    """Every problem of every audience's closure (R14, R15, R5, R12); empty when valid.
+
+    ``declared_sets``: a binding may name a credential set only for a component that
+    declares some (R15). Every publication checks it; the audit's replay of revisions
+    published before it was checked here passes ``False`` (a log is judged by the rules
+    it was written under)."""
     problems: list[Problem] = []
     by_audience: dict[Audience, list[BindingRow]] = defaultdict(list)
     for binding in catalog.bindings:
@@ -271,7 +276,9 @@ def validate(catalog: CatalogInput) -> list[Problem]:
         bindings = by_audience[audience]
         bound = {(b.pack, b.kind, b.key) for b in bindings}  # this audience's only (R15)
         for b in sorted(bindings, key=lambda x: x.ident):
-            problems.extend(_check_binding(b, catalog.packs.get(b.pack), bound, catalog.packs))
+            problems.extend(
+                _check_binding(b, catalog.packs.get(b.pack), bound, catalog.packs, declared_sets)
+            )
     return problems
 
 
@@ -280,6 +287,7 @@ def _check_binding(
     auth: PackAuthority | None,
     bound: set[tuple[str, str, str]],
     packs: Mapping[str, PackAuthority],
+    declared_sets: bool,
 ) -> list[Problem]:
     if auth is None or auth.source_kind == "absent":
         return [_problem(b, "NO_ACTIVE_GENERATION", "the pack has no active generation")]
@@ -317,6 +325,16 @@ def _check_binding(
     if fact is None:
         return [_problem(b, "UNKNOWN_COMPONENT", "the active generation has no such component")]
     found: list[Problem] = []
+    if declared_sets and fact.credential_sets is None and b.credential_set is not None:
+        found.append(
+            _problem(
+                b,
+                "CREDENTIAL_SET_NOT_ADMITTED",
+                f"credential set {b.credential_set!r} is not admitted: the component "
+                "declares no credential sets (R15)",
+                {"credential_set": b.credential_set},
+            )
+        )
     if fact.credential_sets is not None and b.credential_set not in fact.credential_sets:
         allowed = ", ".join(sorted(fact.credential_sets))
         found.append(
@@ -420,13 +438,15 @@ class ContentDigest:
 _CHUNK = 4096
 
 
-def build_catalog(catalog: CatalogInput, *, keep_rows: bool = True) -> BuiltCatalog:
+def build_catalog(
+    catalog: CatalogInput, *, keep_rows: bool = True, declared_sets: bool = True
+) -> BuiltCatalog:
     """Validate every audience, then deduplicate and digest; raise if any is invalid.
 
     With ``keep_rows=False`` the facts and grants are streamed into the digest
     and not kept (publication needs only digests, activations and counts).
     """
-    problems = validate(catalog)
+    problems = validate(catalog, declared_sets=declared_sets)
     if problems:
         raise PublicationRejected(problems)
     ordered = sorted(catalog.bindings, key=lambda x: x.ident)

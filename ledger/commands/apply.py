@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -29,10 +28,11 @@ from eventsourcing.domain import Aggregate
 
 from domain.classifier import PackState
 from domain.coordination import CommandRecord
-from domain.errors import Conflict, LedgerError, Unavailable
+from domain.errors import Conflict, InvalidInput, LedgerError, Unavailable
 from domain.identity import PackName
 from domain.manifest import Manifest
 from domain.matrix import Command, Decision, after_recovery, decide, decide_removal
+from ledger.commands.decided import Decided, fenced_states, still_frozen, still_preview
 from ledger.commands.lease import LeaseHandler, abandoned_attempts, preparing_in
 from ledger.commands.publishing import (
     FullBuildDue,
@@ -94,22 +94,6 @@ def lost_race(error: LedgerError) -> bool:
     return isinstance(error, Unavailable) and error.details.get("retryable") is True
 
 
-@dataclass(frozen=True)
-class _Decided:
-    """A release that has work to do: its command id, its packs (the frozen ones
-    confirmed at this snapshot), the states it read, the anchor it built on (``None``:
-    a full build), a busy lease."""
-
-    cid: str
-    packs: list[Pack]
-    states: dict[PackName, PackState]
-    anchor: Anchor | None
-    busy: LedgerError | None
-    #: The decision and what it previewed (reused under the lease when nothing moved).
-    plan: Plan | None = None
-    preview: Release | None = None
-
-
 log = get_logger("apply")
 
 
@@ -159,7 +143,7 @@ class ApplyHandler:
             decided = self.decide(
                 manifest, packs, base, anchor, command_id, request_digest, publish
             )
-            if not isinstance(decided, _Decided):
+            if not isinstance(decided, Decided):
                 return decided
             packs, anchor = decided.packs, decided.anchor or anchor
             if decided.busy is None:
@@ -204,7 +188,12 @@ class ApplyHandler:
             base = manifest_path.resolve().parent
             with self.ledger.snapshot() as reader:
                 anchor = read_anchor(self.ledger, reader.conn)
-                known = known_packs(self.ledger, reader.conn, anchor, manifest, base)
+                try:
+                    known = known_packs(self.ledger, reader.conn, anchor, manifest, base)
+                except InvalidInput:
+                    # Name the first bad source in manifest order, as resolving does.
+                    resolve_packs(manifest.packs, base=base)
+                    raise
             packs = merged(known, resolve_packs(manifest.packs, base=base, skip=known))
             resolving["packs"] = len(packs)
             resolving["known"] = len(known)
@@ -241,7 +230,7 @@ class ApplyHandler:
         command_id: str | None,
         request_digest: str,
         publish: bool,
-    ) -> ApplyResult | _Decided:
+    ) -> ApplyResult | Decided:
         """The preflight: a final result (exact retry, nothing to do) or what to run."""
         with self.ledger.snapshot() as reader:
             cid = self.uow.command_id(command_id, "apply", request_digest, reader)
@@ -333,7 +322,7 @@ class ApplyHandler:
                 holder=lease.holder,
                 epoch=lease.epoch,
             )
-        return _Decided(cid, packs, states, anchor, busy, plan, preview)
+        return Decided(cid, packs, states, anchor, busy, plan, preview, manifest, base)
 
     def _fast(
         self,
@@ -382,7 +371,7 @@ class ApplyHandler:
     def _under_lease(
         self,
         handle: LeaseHandle,
-        decided: _Decided,
+        decided: Decided,
         manifest: Manifest,
         request_digest: str,
         publish: bool,
@@ -414,7 +403,15 @@ class ApplyHandler:
         try:
             with phase("final_append"):
                 return self._finish(
-                    handle, decided, cid, request_digest, manifest, plan, candidates, publish
+                    handle,
+                    decided,
+                    cid,
+                    request_digest,
+                    manifest,
+                    plan,
+                    candidates,
+                    publish,
+                    states,
                 )
         except LedgerError as exc:
             self._abandon(handle, candidates, exc)
@@ -423,15 +420,20 @@ class ApplyHandler:
     def _finish(
         self,
         handle: LeaseHandle,
-        decided: _Decided,
+        decided: Decided,
         cid: str,
         request_digest: str,
         manifest: Manifest,
         plan: Plan,
         candidates: Mapping[str, str],
         publish: bool,
+        planned: Mapping[PackName, PackState],
     ) -> ApplyResult:
-        """The final append of a release: activations + bindings + revision + record."""
+        """The final append of a release: activations + bindings + revision + record.
+
+        ``planned``: the states the plan was made from under the lease. A pack the plan
+        leaves unchanged is fenced on those (R11: a change to it since refuses the
+        append); the packs with a step are fenced on this read and re-checked inside."""
         packs, desired = decided.packs, manifest.bindings
         frozen = {r.name for r in packs if isinstance(r, FrozenPack)}
         precommit: Precommit | None = None
@@ -443,13 +445,12 @@ class ApplyHandler:
             head = None
             if decided.anchor is not None:
                 anchor = read_anchor(self.ledger, reader.conn, reuse=decided.anchor)
-                if anchor is None or anchor.head != decided.anchor.head or frozen & anchor.moved:
+                if anchor is None or not still_frozen(self.ledger, reader, decided, anchor):
                     raise Conflict(
-                        "state changed since it was read: the revision in force or a pack "
-                        "the release leaves as it is moved",
+                        "state changed since it was read: a pack the release leaves as it is moved",
                         rule="R11",
                     )
-                release = _still(decided, anchor, plan, candidates) or self._fast(
+                release = still_preview(decided, anchor, plan, candidates) or self._fast(
                     reader,
                     anchor,
                     packs,
@@ -517,7 +518,7 @@ class ApplyHandler:
             record=record,
             extra=extra,
             fence=versions,
-            states=states,
+            states=fenced_states(plan, planned, states),
             precommit=precommit,
         )
         return result
@@ -566,27 +567,3 @@ class ApplyHandler:
                     dirty=False,
                     reason=f"activation refused: {cause.code}: {cause.message}"[:500],
                 )
-
-
-def _still(
-    decided: _Decided, anchor: Anchor, plan: Plan, candidates: Mapping[str, str]
-) -> Release | None:
-    """The preflight's release when it is still the one to append: the same plan, the
-    same revision in force, binding events and moved packs but the candidates' own
-    prepare, and each candidate the install id it predicted (R6: ``prepare`` mints
-    them deterministically). The final append stays fenced from ``anchor`` on."""
-    seen, preview = decided.anchor, decided.preview
-    if seen is None or preview is None or preview.fast is None or decided.plan != plan:
-        return None
-    ours = set(candidates)
-    if (
-        anchor.head != seen.head
-        or anchor.changes != seen.changes
-        or anchor.moved - ours != seen.moved - ours
-    ):
-        return None
-    for pack, install_id in candidates.items():
-        authority = preview.authorities.get(pack)
-        if authority is None or authority.install_id != install_id:
-            return None
-    return preview

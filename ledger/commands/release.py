@@ -362,11 +362,12 @@ def confirm_frozen(
         frozen_packs(ledger.recorder, conn, anchor, manifest, base) if anchor is not None else {}
     )
     thaw = [i for i in was if i not in still]
-    if not thaw:
-        return packs
     skip = [i for i in range(len(manifest.packs)) if i not in thaw]
-    fresh = {r.index: r for r in resolve_packs(manifest.packs, base=base, skip=skip)}
-    return [fresh.get(r.index, r) for r in packs]
+    fresh = (
+        {r.index: r for r in resolve_packs(manifest.packs, base=base, skip=skip)} if thaw else {}
+    )
+    # A pack still frozen is taken at this anchor: its entry may be a newer generation.
+    return [still.get(r.index) or fresh.get(r.index, r) if r.index in was else r for r in packs]
 
 
 def thaw_locals(
