@@ -35,18 +35,18 @@ from domain.matrix import Command, Decision, after_recovery, decide, decide_remo
 from ledger.commands.decided import Decided, fenced_states, still_frozen, still_preview
 from ledger.commands.lease import LeaseHandler, abandoned_attempts, preparing_in
 from ledger.commands.publishing import (
+    Anchor,
     FullBuildDue,
     binding_aggregates,
     publication_summary,
+    read_anchor,
     read_catalog_in_force,
     revision_aggregates,
 )
 from ledger.commands.release import (
-    Anchor,
     FrozenPack,
     confirm_frozen,
     known_packs,
-    read_anchor,
     release_authorities,
     simulate_fast,
     thaw_locals,

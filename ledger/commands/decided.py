@@ -12,7 +12,8 @@ from domain.classifier import PackState
 from domain.errors import LedgerError
 from domain.identity import PackName
 from domain.manifest import Manifest
-from ledger.commands.release import Anchor, FrozenPack, frozen_packs
+from ledger.commands.publishing import Anchor
+from ledger.commands.release import FrozenPack, frozen_packs
 from ledger.commands.simulate import Pack, Plan, Release
 from ledger.store.runtime import Ledger, Repository
 

@@ -43,7 +43,7 @@ from domain.classifier import PackState
 from domain.identity import PackName
 from domain.lifecycle import activation_id, generation_id, history_id
 from ledger.commands import catalog_state as state
-from ledger.commands.catalog_state import LogHead, ParentContent
+from ledger.commands.catalog_state import Change, LogHead, ParentContent
 from ledger.commands.results import CatalogCounts, CatalogOutcome
 from ledger.observability import get_logger
 from ledger.store.runtime import Ledger, Repository
@@ -186,6 +186,38 @@ class FullBuildDue(Exception):
     """An incremental publication gives way to the full build (which names problems)."""
 
 
+@dataclass
+class Anchor:
+    """The revision in force as the log committed it and what happened after its cut."""
+
+    position: int
+    head: LogHead
+    parent: ParentContent
+    changes: list[Change]
+    moved: set[str]
+
+
+def read_anchor(ledger: Ledger, conn: Connection, reuse: Anchor | None = None) -> Anchor | None:
+    """The anchor at this snapshot (``None``: no revision with grants to build on).
+    ``reuse``: an anchor read earlier; its verified content is reused when the revision
+    in force is still the same event."""
+    recorder = ledger.recorder
+    require_running(conn, *MAINTAINED)
+    position = recorder.head_in(conn).position
+    head = state.log_head(recorder, conn)
+    if head is None:
+        return None
+    if reuse is not None and reuse.head == head:
+        parent = reuse.parent
+    else:
+        parent = ParentContent(*state.parent_fragments(conn, head))
+    if not parent.fragments.sections[GRANTS]:
+        return None
+    changes = state.pending_changes(recorder, conn, head.cut)
+    moved = state.moved_packs(recorder, conn, head.cut)
+    return Anchor(position, head, parent, changes, moved)
+
+
 def read_from_fragments(ledger: Ledger, conn: Connection) -> IncrementalRevision | None:
     """The next revision from the parent's content, or ``None`` when there is no parent
     revision to build on.
@@ -197,17 +229,11 @@ def read_from_fragments(ledger: Ledger, conn: Connection) -> IncrementalRevision
     or bound, their authority (R13) and the components bound by any audience.
     Raises ``PublicationRejected`` as the full build would reject, and ``FullBuildDue``
     when the full build is the one to run."""
-    recorder = ledger.recorder
-    require_running(conn, *MAINTAINED)
-    position = recorder.head_in(conn).position
-    head = state.log_head(recorder, conn)
-    if head is None:
+    anchor = read_anchor(ledger, conn)
+    if anchor is None:
         return None
-    parent = ParentContent(*state.parent_fragments(conn, head))
-    if not parent.fragments.sections[GRANTS]:
-        return None
-    changes = state.pending_changes(recorder, conn, head.cut)
-    moved = state.moved_packs(recorder, conn, head.cut)
+    position, head, parent = anchor.position, anchor.head, anchor.parent
+    changes, moved = anchor.changes, anchor.moved
     affected = {c.row.audience for c in changes}
     for users in parent.binding_audiences(moved & parent.packs()).values():
         affected |= users

@@ -41,10 +41,9 @@ from domain.lifecycle import SourceFacts, SourceKind, activation_id, history_id,
 from domain.manifest import BindingSpec, LocalSource, Manifest, OfficialSource
 from domain.matrix import Decision, Target, decide
 from ledger.commands import catalog_state as state
-from ledger.commands.catalog_state import Change, LogHead, ParentContent
 from ledger.commands.catalog_state import authority_of as catalog_authority
 from ledger.commands.publishing import (
-    MAINTAINED,
+    Anchor,
     IncrementalRevision,
     incremental_build,
     limit_reuse,
@@ -54,9 +53,7 @@ from ledger.sources.git import repo_path
 from ledger.sources.local import KnownLocal, known_local
 from ledger.sources.resolve import resolve_packs
 from ledger.store.runtime import Ledger
-from projections.queries.status import require_running
 from publisher.catalog import BuiltCatalog, PackAuthority, ParentState
-from publisher.fragments import GRANTS
 from publisher.planning import (
     BindingChange,
     BindingDelta,
@@ -87,38 +84,6 @@ class FrozenPack:
     @property
     def target(self) -> Target:
         return Target(category=self.category, source=self.source, payload_hash=self.payload_hash)
-
-
-@dataclass
-class Anchor:
-    """The revision in force as the log committed it and what happened after its cut."""
-
-    position: int
-    head: LogHead
-    parent: ParentContent
-    changes: list[Change]
-    moved: set[str]
-
-
-def read_anchor(ledger: Ledger, conn: Connection, reuse: Anchor | None = None) -> Anchor | None:
-    """The anchor at this snapshot (``None``: no revision with grants to build on).
-    ``reuse``: an anchor read earlier; its verified content is reused when the revision
-    in force is still the same event."""
-    recorder = ledger.recorder
-    require_running(conn, *MAINTAINED)
-    position = recorder.head_in(conn).position
-    head = state.log_head(recorder, conn)
-    if head is None:
-        return None
-    if reuse is not None and reuse.head == head:
-        parent = reuse.parent
-    else:
-        parent = ParentContent(*state.parent_fragments(conn, head))
-    if not parent.fragments.sections[GRANTS]:
-        return None
-    changes = state.pending_changes(recorder, conn, head.cut)
-    moved = state.moved_packs(recorder, conn, head.cut)
-    return Anchor(position, head, parent, changes, moved)
 
 
 def frozen_packs(

@@ -12,11 +12,10 @@ from uuid import UUID
 from domain.classifier import PackState
 from domain.errors import LedgerError
 from domain.identity import PackName
-from domain.lifecycle import install_id_for
 from domain.manifest import BindingSpec, Manifest
 from domain.matrix import Command, Decision, Remove, rejection
 from ledger.commands.publishing import CatalogInForce, catalog_outcome, fence_ids
-from ledger.commands.release import FastRelease, FrozenPack
+from ledger.commands.release import FastRelease, FrozenPack, release_authorities
 from ledger.commands.results import (
     ApplyResult,
     BindingChanges,
@@ -33,7 +32,6 @@ from publisher.planning import (
     PublishPlan,
     check_binding_credentials,
     check_removals,
-    content_authority,
     plan_bindings,
     plan_publication,
 )
@@ -149,26 +147,11 @@ def simulate_release(
     ``prepare`` will mint them; validation raises before anything is written.
     """
     packs = dict(catalog.packs)
-    for r in resolved:
-        decision, _ = plan[r.name]
-        if decision is Decision.UNCHANGED or decision is Decision.REMOVE:
-            continue
-        assert isinstance(r, ResolvedPack)  # a frozen pack is unchanged
-        state = states[PackName.trusted(r.name)]
-        revision = r.source.revision or ""
-        if decision in (Decision.INSTALL, Decision.ADVANCE):
-            install_id = (candidates or {}).get(r.name) or install_id_for(
-                r.name, revision, r.content.payload_hash_v1, state.next_ordinal
-            )
-            epoch = state.activation.epoch + 1 if state.activation else 1
-            packs[r.name] = content_authority(r.name, install_id, revision, epoch, r.content)
-        elif decision is Decision.ADOPT:
-            assert state.legacy is not None
-            packs[r.name] = content_authority(
-                r.name, state.legacy.install_id, revision, 1, r.content
-            )
-        elif decision is Decision.LOCAL_UPDATE:
-            packs[r.name] = PackAuthority(pack=r.name, source_kind="local_path")
+    moved = (Decision.INSTALL, Decision.ADVANCE, Decision.ADOPT, Decision.LOCAL_UPDATE)
+    stepped = [r for r in resolved if plan[r.name][0] in moved]
+    for pack, authority in release_authorities(stepped, plan, states, candidates).items():
+        assert authority is not None  # a step always has one
+        packs[pack] = authority
     removals = removals_of(plan)
     removed = [removal_outcome(states[p]) for p in removals]
     for pack in removals:  # R7: nothing of a removed pack is served after the release
