@@ -246,6 +246,16 @@ def check_nodes(urls: list[str], run: Run) -> tuple[int, str]:
     return revision, digest
 
 
+def phase_seconds(run: Run) -> str:
+    """Mean seconds per release in each phase of apply (summed over its rounds)."""
+    total: dict[str, float] = {}
+    for o in run.outcomes:
+        for name, seconds in o.get("phases", {}).items():
+            total[name] = total.get(name, 0.0) + seconds
+    n = max(len(run.outcomes), 1)
+    return ", ".join(f"{name} {seconds / n:.2f}" for name, seconds in sorted(total.items()))
+
+
 def table(runs: list[Run]) -> str:
     lines = [
         f"{'N':>6} {'releases':>8} {'conflicts':>9} {'(cert+bf)':>9} {'per release':>11} "
@@ -276,7 +286,8 @@ def test_r30_one_pack_releases_on_every_galera_node_conflict_no_more_in_a_larger
         print(
             f"\n[r30 galera N={size}] releases {run.releases}, retries {run.retries()}, "
             f"conflicts {run.conflicts} (cert failures {run.cert_failures}, bf aborts "
-            f"{run.bf_aborts}), revision {revision} digest {digest[:16]}... on every node"
+            f"{run.bf_aborts}), revision {revision} digest {digest[:16]}... on every node; "
+            f"mean s per release by phase: {phase_seconds(run)}"
         )
         query(galera_cluster.nodes[0].port, f"DROP DATABASE `r30_{size}`")
     print(f"\n[r30 galera] {WRITERS} writers x {RELEASES} one-pack releases\n{table(runs)}")

@@ -14,7 +14,9 @@ records, which every round writes:
 - ``lost``: ``recover``, ``prepare`` or ``final_append`` phases that failed (a lost
   race for the log, e.g. a Galera certification failure, then decided again);
 - ``busy``: ``lease`` phases that failed (the writer lease was held, or its
-  taking lost to another writer's, then waited for).
+  taking lost to another writer's, then waited for);
+- ``phases``: seconds per phase name, summed over the rounds (where a release's
+  time goes).
 
 A CONFLICT that escapes ``apply`` (its budget spent) is retried once more with the
 same command id (R10: an exact retry returns the recorded result, or runs the
@@ -47,12 +49,16 @@ class PhaseCounter(logging.Handler):
 
     def reset(self) -> None:
         self.attempts = self.lost = self.busy = 0
+        #: Seconds per phase name, summed over the command's rounds.
+        self.seconds: dict[str, float] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         name = getattr(record, "phase", None)
         if record.getMessage() != "phase" or name is None:
             return
         failed = getattr(record, "outcome", None) == "error"
+        took = float(getattr(record, "duration_ms", 0.0)) / 1000
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + took, 3)
         if name == "preflight":
             self.attempts += 1
         elif failed and name in _LOST_PHASES:
@@ -101,6 +107,7 @@ def main() -> None:
                 attempts=counter.attempts,
                 lost=counter.lost,
                 busy=counter.busy,
+                phases=counter.seconds,
             )
             out.write(json.dumps(outcome, default=str) + "\n")
             out.flush()
