@@ -44,6 +44,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,8 +219,17 @@ def check_releases(run: Run) -> None:
     assert sorted(revisions) == list(range(2, 2 + len(run.outcomes)))
 
 
-def check_nodes(urls: list[str], run: Run) -> tuple[int, str]:
-    """Every node audits identical and serves the same revision and content digest."""
+def lost_races(run: Run, failed: list[str]) -> str:
+    """Which phases failed in apply's rounds, and why the log says candidates were
+    refused (``generation.failed`` reasons, the store's own record of a lost race)."""
+    phases = Counter(f for o in run.outcomes for f in o.get("failures", []))
+    reasons = Counter(reason[:120] for reason in failed)
+    return f"failed phases {dict(phases)}; failed generations {dict(reasons)}"
+
+
+def check_nodes(urls: list[str], run: Run) -> tuple[int, str, list[str]]:
+    """Every node audits identical and serves the same revision and content digest; the
+    reasons of its failed generations (the same on every node)."""
     head = settle(urls, timeout=300)
     reports = [node_report(url) for url in urls]
     assert len({r.agreed() for r in reports}) == 1, [r.agreed() for r in reports]
@@ -243,7 +253,7 @@ def check_nodes(urls: list[str], run: Run) -> tuple[int, str]:
     assert len(heads) == 1, heads
     revision, digest = heads.pop()
     assert revision == 1 + run.releases
-    return revision, digest
+    return revision, digest, reports[0].failed
 
 
 def phase_seconds(run: Run) -> str:
@@ -281,13 +291,13 @@ def test_r30_one_pack_releases_on_every_galera_node_conflict_no_more_in_a_larger
     for size in SIZES:
         run, urls = run_size(galera_cluster, tmp_path / f"n{size}", size)
         check_releases(run)
-        revision, digest = check_nodes(urls, run)
+        revision, digest, failed = check_nodes(urls, run)
         runs.append(run)
         print(
             f"\n[r30 galera N={size}] releases {run.releases}, retries {run.retries()}, "
             f"conflicts {run.conflicts} (cert failures {run.cert_failures}, bf aborts "
             f"{run.bf_aborts}), revision {revision} digest {digest[:16]}... on every node; "
-            f"mean s per release by phase: {phase_seconds(run)}"
+            f"mean s per release by phase: {phase_seconds(run)}; {lost_races(run, failed)}"
         )
         query(galera_cluster.nodes[0].port, f"DROP DATABASE `r30_{size}`")
     print(f"\n[r30 galera] {WRITERS} writers x {RELEASES} one-pack releases\n{table(runs)}")

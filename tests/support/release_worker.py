@@ -51,6 +51,8 @@ class PhaseCounter(logging.Handler):
         self.attempts = self.lost = self.busy = 0
         #: Seconds per phase name, summed over the command's rounds.
         self.seconds: dict[str, float] = {}
+        #: ``phase:ERROR`` of every phase that failed (a lost race, a busy lease).
+        self.failures: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         name = getattr(record, "phase", None)
@@ -59,6 +61,8 @@ class PhaseCounter(logging.Handler):
         failed = getattr(record, "outcome", None) == "error"
         took = float(getattr(record, "duration_ms", 0.0)) / 1000
         self.seconds[name] = round(self.seconds.get(name, 0.0) + took, 3)
+        if failed:
+            self.failures.append(f"{name}:{getattr(record, 'error', '?')}")
         if name == "preflight":
             self.attempts += 1
         elif failed and name in _LOST_PHASES:
@@ -108,6 +112,7 @@ def main() -> None:
                 lost=counter.lost,
                 busy=counter.busy,
                 phases=counter.seconds,
+                failures=counter.failures,
             )
             out.write(json.dumps(outcome, default=str) + "\n")
             out.flush()
