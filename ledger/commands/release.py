@@ -41,6 +41,7 @@ from domain.lifecycle import SourceFacts, SourceKind, activation_id, history_id,
 from domain.manifest import BindingSpec, LocalSource, Manifest, OfficialSource
 from domain.matrix import Decision, Target, decide
 from ledger.commands import catalog_state as state
+from ledger.commands.catalog_state import ParentContent
 from ledger.commands.catalog_state import authority_of as catalog_authority
 from ledger.commands.publishing import (
     Anchor,
@@ -53,7 +54,7 @@ from ledger.sources.git import repo_path
 from ledger.sources.local import KnownLocal, known_local
 from ledger.sources.resolve import resolve_packs
 from ledger.store.runtime import Ledger
-from publisher.catalog import BuiltCatalog, PackAuthority, ParentState
+from publisher.catalog import BindingRow, BuiltCatalog, PackAuthority, ParentState
 from publisher.planning import (
     BindingChange,
     BindingDelta,
@@ -194,8 +195,16 @@ def simulate_fast(
         f.name: PackAuthority.official(f.entry, {}, dirty=False) for f in frozen
     }
     auth.update({p: a for p, a in given.items() if a is not None})
-    current = state.apply_changes(parent.all_bindings(), anchor.changes)
-    bound = {s.pack for s in desired} if desired is not None else {r.pack for r in current.values()}
+    moved = anchor.moved | set(given)
+    if desired is not None or removals:
+        current = state.apply_changes(parent.all_bindings(), anchor.changes)
+    else:  # bindings kept as they are: only those of what moved can be re-bound (R14)
+        current = _bindings_of_moved(parent, anchor, moved)
+    bound = (
+        {s.pack for s in desired}
+        if desired is not None
+        else parent_packs | {r.pack for r in current.values()}
+    )
     missing = bound - auth.keys() - set(given)
     steady = (missing & parent_packs) - anchor.moved
     auth.update({p: PackAuthority.official(parent.entry(p) or [], {}, dirty=False) for p in steady})
@@ -215,7 +224,6 @@ def simulate_fast(
         lean = {s.pack for s in specs} - set(log_read)
         with_components = {**auth, **state.parent_authorities(ledger.recorder, conn, parent, lean)}
         check_binding_credentials(specs, with_components)
-    moved = anchor.moved | set(given)
     affected = {c.row.audience for c in anchor.changes} | {c.row.audience for c in changes}
     for users in parent.binding_audiences(moved & parent_packs).values():
         affected |= users
@@ -351,3 +359,21 @@ def thaw_locals(
     skip = [i for i in range(len(manifest.packs)) if i not in thaw]
     fresh = {r.index: r for r in resolve_packs(manifest.packs, base=base, skip=skip)}
     return [fresh.get(r.index, r) for r in packs]
+
+
+def _bindings_of_moved(
+    parent: ParentContent, anchor: Anchor, moved: Collection[str]
+) -> dict[tuple[str, ...], BindingRow]:
+    """The bindings in force of the audiences a release without ``bindings`` can change:
+    those binding a pack whose authority moved (by the release or since the cut), and
+    those with a binding event since the cut. Every other audience's bindings name the
+    parent's generations of packs that did not move: re-bound, they are the same."""
+    audiences = {c.row.audience for c in anchor.changes}
+    for users in parent.binding_audiences(set(moved) & parent.packs()).values():
+        audiences |= users
+    rows: dict[tuple[str, ...], BindingRow] = {
+        (r.audience_kind, r.audience_id, r.pack, r.kind, r.key, r.credential_set or ""): r
+        for a in sorted(audiences)
+        for r in parent.bindings_of(a)
+    }
+    return state.apply_changes(rows, anchor.changes)

@@ -200,3 +200,20 @@ def test_r30_a_pack_with_an_attempt_left_preparing_before_the_revision_is_not_fr
     assert decisions["pack-00003"] == "advance"
     assert [r["pack"] for r in result["recovered"]] == ["pack-00003"]
     assert full_build_is_a_noop(world)
+
+
+def test_r30_a_one_pack_manifest_without_bindings_rebinds_only_that_pack(world: World) -> None:
+    """A manifest naming one pack and no ``bindings`` keeps every binding and re-binds
+    those of the pack that moved (R14): the others' bindings are not re-planned, and the
+    revision equals the full build's."""
+    repo, _ = catalog(world)
+    changed = repo.commit(pack_files(range(4, 5), release=3, changed=4))
+    path = world.tmp / "one-pack.json"
+    path.write_text(json.dumps({"packs": [official_pack(4, repo.path, changed)]}))
+    result = world.service.apply(path)
+    assert [(p["pack"], p["decision"]) for p in result["packs"]] == [("pack-00004", "advance")]
+    rebound = {(b["audience"], b["pack"]) for b in result["bindings"]["rebound"]}
+    assert rebound == {("integration:workload-000004", "pack-00004")}
+    assert len(result["bindings"]["rebound"]) == 10
+    assert not result["bindings"]["granted"] and not result["bindings"]["revoked"]
+    assert result["catalog"]["published"] and kept_whole(world) and full_build_is_a_noop(world)
