@@ -152,15 +152,21 @@ class MapUpdate:
     writes: dict[Position, Node | None]
 
 
-def update(fetch: Fetch, changes: Mapping[bytes, bytes | None]) -> MapUpdate:
+def update(
+    fetch: Fetch, changes: Mapping[bytes, bytes | None], *, size: int | None = None
+) -> MapUpdate:
     """The map after setting each key of ``changes`` to its value (``None``: remove it).
 
     Reads only the stored nodes on the changed keys' paths and their siblings, one
-    ``fetch`` per level (O(k log N) nodes for k changes). Nothing is trusted beyond
-    that: to check stored nodes against a known root, apply the keys' *current* values
-    and compare the result with that root (``root_with``)."""
+    ``fetch`` per level (O(k log N) nodes for k changes); given the map's ``size`` (its
+    leaves, about), the levels a path of that map spans are read in one ``fetch``
+    first. Nothing is trusted beyond that: to check stored nodes against a known root,
+    apply the keys' *current* values and compare the result with that root
+    (``root_with``)."""
     known: dict[Position, Node | None] = {}
     frontier: dict[Position, list[bytes]] = {ROOT: sorted(changes)}
+    if size is not None:
+        fetch = _prefetched(fetch, changes, size)
     while frontier:
         got = fetch(list(frontier))
         following: dict[Position, list[bytes]] = {}
@@ -179,6 +185,37 @@ def update(fetch: Fetch, changes: Mapping[bytes, bytes | None]) -> MapUpdate:
         top = _changed(ROOT, sorted(changes), changes, known, writes)
         writes[ROOT] = top
     return MapUpdate(EMPTY if top is None else top.hash, writes)
+
+
+#: Paths are read in one ``fetch`` up front for up to this many changed keys.
+PREFETCH_KEYS = 64
+
+
+def _prefetched(fetch: Fetch, changes: Collection[bytes], size: int) -> Fetch:
+    """``fetch`` answering the positions on the changed keys' paths (and their
+    siblings) down to about the depth of a map of ``size`` random keys from one read made
+    up front, so an update of a few keys costs one round trip to storage instead of one
+    per level; deeper or other positions are read from ``fetch`` as asked. The nodes
+    read, and so the result, are the same."""
+    if not changes or len(changes) > PREFETCH_KEYS:
+        return fetch
+    levels = min(256, max(size, 1).bit_length() + 2)
+    wanted: set[Position] = {ROOT}
+    for key in changes:
+        for depth in range(levels):
+            here = position_of(key, depth)
+            wanted.add(child(here, 0))
+            wanted.add(child(here, 1))
+    got = fetch(list(wanted))
+
+    def cached(positions: Collection[Position]) -> Mapping[Position, Node]:
+        rest = [p for p in positions if p not in wanted]
+        out = {p: got[p] for p in positions if p in got}
+        if rest:
+            out.update(fetch(rest))
+        return out
+
+    return cached
 
 
 def root_with(fetch: Fetch, values: Mapping[bytes, bytes | None]) -> bytes:

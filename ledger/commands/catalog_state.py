@@ -462,15 +462,16 @@ def audiences_root(
     audience's digest after the change (O(audiences), once)."""
     if head is not None and head.audiences_root is not None:
         fetch = map_fetch(conn)
+        size = head.counts["audiences"]
         if fetch is not None:
             old = {key_of(*a): _raw(before.get(a)) for a in changed}
             new = {key_of(*a): _raw(d) for a, d in changed.items()}
             try:
                 if (
                     not checks.on(checks.MAP)
-                    or update(fetch, old).root.hex() == head.audiences_root
+                    or update(fetch, old, size=size).root.hex() == head.audiences_root
                 ):
-                    return update(fetch, new).root.hex()
+                    return update(fetch, new, size=size).root.hex()
             except BadNode:
                 pass
             log.warning(

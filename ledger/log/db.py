@@ -43,6 +43,8 @@ from ledger.log.sqltypes import mysql_errors
 
 Dialect = Literal["sqlite", "mysql"]
 
+#: SQLite's page cache per connection, in KiB (``PRAGMA cache_size``).
+SQLITE_CACHE_KIB = 65536
 _BEGIN_OPTION = "catalog_ledger_begin"
 # Error numbers that mean "another transaction won": a duplicate key (1062), a
 # deadlock, which is also how Galera reports a certification failure (1213), and
@@ -447,6 +449,9 @@ def _sqlite_engine(url: URL) -> Engine:
             if mode and str(mode[0]).lower() != "wal":
                 raise Unavailable(f"SQLite refused WAL mode (got {mode[0]})", field="db")
             cursor.execute("PRAGMA synchronous = FULL")
+            # A page cache that holds a large catalog's hot index pages (the default is
+            # 2 MiB): the views' keyed lookups inside an append stay in memory (R30).
+            cursor.execute(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
         finally:
             cursor.close()
 

@@ -94,7 +94,9 @@ class AudienceMapView(Projection):
                 for key, row in found.items()
             }
 
-        result = update(fetch, changes)
+        counts = d.get("counts")
+        size = counts.get("audiences") if isinstance(counts, dict) else None
+        result = update(fetch, changes, size=size if isinstance(size, int) else None)
         if result.root.hex() != root:
             raise MapMismatch(
                 f"revision {d['revision']}'s audience map root is {root}, but its audience "

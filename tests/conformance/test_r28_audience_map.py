@@ -112,3 +112,26 @@ def test_r28_the_reference_computation_reproduces_the_audience_map_vectors() -> 
     for a in doc["audiences"][:4]:
         del leaves[bytes.fromhex(a["key"])]
     assert ref.root(leaves).hex() == doc["after_removing_first_four"]
+
+
+def test_r30_an_update_told_the_map_size_reads_its_paths_in_one_round_trip() -> None:
+    """R30 (the head lock): given the map's size, an update of a few keys reads the
+    levels their paths span in one ``fetch`` up front instead of one per level, and
+    gives the same root and writes as the update level by level."""
+    leaves = {m.key_of("app", f"a{n}"): bytes([n % 251]) * 32 for n in range(3000)}
+    nodes: dict[m.Position, m.Node] = {}
+    m.apply_writes(nodes, m.update(m.memory_fetch(nodes), dict(leaves)).writes)
+    calls: list[int] = []
+    stored = m.memory_fetch(nodes)
+
+    def counted(positions: Collection[m.Position]) -> Mapping[m.Position, m.Node]:
+        calls.append(len(positions))
+        return stored(positions)
+
+    changes: dict[bytes, bytes | None] = {m.key_of("app", "a7"): bytes(32)}
+    changes[m.key_of("app", "new")] = bytes([9]) * 32
+    changes[m.key_of("app", "a8")] = None
+    plain = m.update(stored, changes)
+    told = m.update(counted, changes, size=len(leaves))
+    assert (told.root, told.writes) == (plain.root, plain.writes)
+    assert len(calls) <= 2  # the prefetch, and at most one read below the map's usual depth
