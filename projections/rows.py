@@ -20,7 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ledger.log.sqltypes import SQLITE_KEYS_PER_STATEMENT, keys_in
+from ledger.log.sqltypes import KEYS_PER_STATEMENT, keys_in
 from projections.tables import Key, Row, RowTuple, ViewTable
 
 
@@ -135,11 +135,10 @@ class SqlRowStore(RowStore):
                 found[key] = row
         t = table.physical
         columns = [t.c[k] for k in table.key]
-        size = _GET_MANY_CHUNK if self._mysql else SQLITE_KEYS_PER_STATEMENT
+        size = _GET_MANY_CHUNK if len(columns) == 1 else KEYS_PER_STATEMENT
         for start in range(0, len(missing), size):
             chunk = missing[start : start + size]
-            fixed = [t.c.view_version == self.view_version]
-            where = keys_in(not self._mysql, fixed, columns, chunk)
+            where = keys_in([t.c.view_version == self.view_version], columns, chunk)
             query = sa.select(*(t.c[c] for c in table.columns)).where(where)
             for hit in self.conn.execute(query):
                 values = _normalize(hit._asdict())

@@ -79,28 +79,25 @@ def dec(data: bytes) -> str:
         ) from None
 
 
-#: Keys per statement for ``keys_in`` on SQLite: one OR term each, well under its
-#: expression depth limit (1000).
-SQLITE_KEYS_PER_STATEMENT = 200
+#: Keys per statement for ``keys_in``: one OR term each, well under SQLite's expression
+#: depth limit (1000).
+KEYS_PER_STATEMENT = 200
 
 
 def keys_in(
-    sqlite: bool,
     fixed: Sequence[sa.ColumnElement[bool]],
     columns: Sequence[sa.ColumnElement[Any]],
     keys: Sequence[Sequence[Any]],
 ) -> sa.ColumnElement[bool]:
     """``fixed AND (columns) IN keys``, written so that each key is one index seek.
 
-    SQLite seeks an index only on the columns before a row-value ``IN`` list (it then
-    scans every row they select and tests each against the list: a cost that grows
-    with the table, R30), so on SQLite each key is spelled out as its own ``AND`` term,
-    which its planner answers with one seek per term (MULTI-INDEX OR); keep ``keys`` to
-    ``SQLITE_KEYS_PER_STATEMENT`` there. MySQL and MariaDB range-scan the row-value list."""
+    Given a row-value ``IN`` list, SQLite and MariaDB seek the index only on the
+    columns before it (``fixed``) and test every row those select against the list: a
+    cost that grows with the table, not the keys (R30). Each key spelled out as its
+    own ``AND`` term is one seek of the whole key (SQLite's MULTI-INDEX OR, MariaDB's
+    range access). Keep ``keys`` to ``KEYS_PER_STATEMENT``."""
     if len(columns) == 1:
         return sa.and_(*fixed, columns[0].in_([k[0] for k in keys]))
-    if not sqlite:
-        return sa.and_(*fixed, sa.tuple_(*columns).in_([tuple(k) for k in keys]))
     return sa.or_(
         *(sa.and_(*fixed, *(c == v for c, v in zip(columns, key, strict=True))) for key in keys)
     )

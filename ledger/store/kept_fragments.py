@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 
 from ledger.log.append import Precommit
 from ledger.log.db import stream_rows
-from ledger.log.sqltypes import SQLITE_KEYS_PER_STATEMENT, Binary, Blob, keys_in
+from ledger.log.sqltypes import KEYS_PER_STATEMENT, Binary, Blob, keys_in
 from ledger.observability import get_logger
 from projections import checks
 
@@ -163,16 +163,13 @@ def writer(
                 for section, units in enumerate(changes)
                 for unit, fragment in units.items()
             ]
-            sqlite = conn.dialect.name == "sqlite"
-            size = SQLITE_KEYS_PER_STATEMENT if sqlite else _BATCH
             for section in range(3):
                 keys = [unit for s, unit, _ in updates if s == section]
-                for start in range(0, len(keys), size):
+                for start in range(0, len(keys), KEYS_PER_STATEMENT):
                     where = keys_in(
-                        sqlite,
                         [f.section == section + 1],
                         [f.unit_a, f.unit_b],
-                        keys[start : start + size],
+                        keys[start : start + KEYS_PER_STATEMENT],
                     )
                     conn.execute(FRAGMENTS.delete().where(where))
             conn.execute(FRAGMENTS.delete().where(f.section == _MARKER))

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from domain.audience_map import Fetch, Node, Position, leaf_hash, position_of
 from domain.errors import IntegrityFailure
 from ledger.log.db import stream_rows
-from ledger.log.sqltypes import SQLITE_KEYS_PER_STATEMENT, dec, keys_in
+from ledger.log.sqltypes import KEYS_PER_STATEMENT, dec, keys_in
 from projections import checks
 from projections.queries.status import require_running
 from projections.state import load_states
@@ -151,11 +151,9 @@ def map_fetch(conn: Connection) -> Fetch | None:
     def fetch(positions: Collection[Position]) -> Mapping[Position, Node]:
         out: dict[Position, Node] = {}
         wanted = sorted(positions)
-        sqlite = conn.dialect.name == "sqlite"
-        size = SQLITE_KEYS_PER_STATEMENT if sqlite else 400
-        for start in range(0, len(wanted), size):
-            chunk = wanted[start : start + size]
-            where = keys_in(sqlite, [t.c.view_version == version], [t.c.depth, t.c.prefix], chunk)
+        for start in range(0, len(wanted), KEYS_PER_STATEMENT):
+            chunk = wanted[start : start + KEYS_PER_STATEMENT]
+            where = keys_in([t.c.view_version == version], [t.c.depth, t.c.prefix], chunk)
             query = sa.select(t.c.depth, t.c.prefix, t.c.hash, t.c.leaf_key, t.c.leaf_value).where(
                 where
             )
