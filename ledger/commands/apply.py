@@ -247,10 +247,7 @@ class ApplyHandler:
             packs = confirm_frozen(self.ledger, reader.conn, seen, anchor, manifest, packs, base)
             attempts = {*abandoned_attempts(self.ledger.recorder, reader.conn)}
             fast = anchor is not None and not attempts
-            names = pack_names(packs, manifest)
-            if fast:
-                frozen = {r.name for r in packs if isinstance(r, FrozenPack)}
-                names = [n for n in names if n not in frozen]
+            names = pack_names(packs, manifest, frozen=not fast)
             states = reader.pack_states(names)
             attempts.update(preparing_in(states.values()))
             lease = reader.lease(WRITER_LEASE)
@@ -435,10 +432,9 @@ class ApplyHandler:
         leaves unchanged is fenced on those (R11: a change to it since refuses the
         append); the packs with a step are fenced on this read and re-checked inside."""
         packs, desired = decided.packs, manifest.bindings
-        frozen = {r.name for r in packs if isinstance(r, FrozenPack)}
         precommit: Precommit | None = None
         with self.ledger.snapshot() as reader:
-            names = [n for n in pack_names(packs, None, plan) if n not in frozen]
+            names = pack_names(packs, None, plan, frozen=False)
             states = reader.pack_states(names)
             release: Release | None = None
             anchor = None

@@ -86,10 +86,15 @@ def pack_names(
     resolved: Sequence[Pack],
     manifest: Manifest | None,
     plan: Mapping[str, tuple[Decision, Command | None]] | None = None,
+    *,
+    frozen: bool = True,
 ) -> list[PackName]:
-    """Every pack a release reads the state of: its packs, then its removals."""
+    """Every pack a release reads the state of: its packs, then its removals
+    (``frozen=False``: but the frozen ones, which the release knows from the anchor)."""
     removals = list(manifest.remove) if manifest is not None else removals_of(plan or {})
-    return [PackName.trusted(r.name) for r in resolved] + removals
+    return [
+        PackName.trusted(r.name) for r in resolved if frozen or not isinstance(r, FrozenPack)
+    ] + removals
 
 
 def bound_packs(desired: Sequence[BindingSpec] | None) -> set[str]:
