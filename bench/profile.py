@@ -12,9 +12,12 @@ Paths:
   append   - the recorder appending 100-event batches (no inline views)
   publish  - an incremental publish after one pack of a --scale x catalog changed (the
              parent published incrementally: its fragments kept)
+  apply    - a release changing 1 pack among --packs (default 4,000), the catalog applied
+             and published first (R30)
 
 Usage:
-  python -m bench.profile {rebuild,audit,append,publish} [--events 200000] [--scale 4]
+  python -m bench.profile {rebuild,audit,append,publish,apply} [--events 200000] [--scale 4]
+                          [--packs 4000]
                           [--top 15] [--sort tottime|cumulative] [--out FILE.prof]
 """
 
@@ -104,7 +107,36 @@ def publish(folder: Path, args: argparse.Namespace) -> Callable[[], object]:
     return run
 
 
-PATHS = {"rebuild": rebuild, "audit": audit, "append": append, "publish": publish}
+def apply(folder: Path, args: argparse.Namespace) -> Callable[[], object]:
+    """A release changing one pack among --packs, after those were applied and published
+    (each run changes another pack: the warm-up's and the profiled one)."""
+    from bench.apply import pack_files, timed_apply, write_manifest
+    from tests.support.gitrepo import Repo
+
+    repo = Repo(folder / "repo")
+    revisions = dict.fromkeys(range(args.packs), repo.commit(pack_files(range(args.packs))))
+    db = open_database(f"sqlite:///{folder / 'apply.db'}")
+    init_store(db)
+    timed_apply(db, write_manifest(folder / "first.json", repo.path, revisions))
+    runs = iter(range(1, 1_000_000))
+
+    def run() -> None:
+        release = next(runs)
+        n = (release * 7919) % args.packs
+        revisions[n] = repo.commit(pack_files(range(n, n + 1), release, changed=n))
+        applied = timed_apply(db, write_manifest(folder / f"{release}.json", repo.path, revisions))
+        assert not applied.noop
+
+    return run
+
+
+PATHS = {
+    "rebuild": rebuild,
+    "audit": audit,
+    "append": append,
+    "publish": publish,
+    "apply": apply,
+}
 
 
 def main() -> None:
@@ -114,6 +146,7 @@ def main() -> None:
     parser.add_argument("path", choices=sorted(PATHS))
     parser.add_argument("--events", type=int, default=None, help="log size (default 200000)")
     parser.add_argument("--scale", type=int, default=4, help="publish: catalog scale")
+    parser.add_argument("--packs", type=int, default=4000, help="apply: catalog size")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--sort", choices=["tottime", "cumulative"], default="tottime")
     parser.add_argument("--out", default=None, help="also write the raw profile here")

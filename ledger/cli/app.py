@@ -45,6 +45,26 @@ def json_option(func: F) -> F:
     )(func)
 
 
+def lease_options(func: F) -> F:
+    """``--wait`` and ``--lease-ttl``: how a writer waits for, and holds, the lease."""
+    func = click.option(
+        "--lease-ttl",
+        type=click.FloatRange(min=0.1),
+        default=30.0,
+        show_default=True,
+        help="Seconds the writer lease lasts unless renewed (it is renewed every third of it "
+        "while the release runs): if this process dies holding it, the next writer waits "
+        "at most this long (or `lease break` frees it at once) (R12).",
+    )(func)
+    return click.option(
+        "--wait",
+        type=click.FloatRange(min=0),
+        default=30.0,
+        show_default=True,
+        help="Seconds to wait for the writer lease held by another process.",
+    )(func)
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ledger.cli.app import cli, emit, json_option, store
+from ledger.cli.app import cli, emit, json_option, lease_options, store
 from ledger.cli.plan_render import render_plan
 
 #: Colour of each pack action and of the digest comparison (on a terminal only).
@@ -148,20 +148,7 @@ def render(result: Mapping[str, Any], on: bool) -> None:
     is_flag=True,
     help="Show the release (its manifest) and what it would change; append nothing.",
 )
-@click.option(
-    "--wait",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="Seconds to wait for the writer lease held by another process.",
-)
-@click.option(
-    "--lease-ttl",
-    type=click.FloatRange(min=0.1),
-    default=30.0,
-    show_default=True,
-    help="Seconds the writer lease lasts unless renewed (as for `apply`).",
-)
+@lease_options
 @json_option
 def rollback(to_revision: str, plan: bool, wait: float, lease_ttl: float, as_json: bool) -> None:
     """Restore revision N's content with a new release, applied like `apply`.

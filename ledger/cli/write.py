@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ledger.cli.app import cli, emit, json_option, store
+from ledger.cli.app import cli, emit, json_option, lease_options, store
 
 
 @cli.command()
@@ -44,22 +44,7 @@ from ledger.cli.app import cli, emit, json_option, store
     metavar="ID",
     help="Idempotency key (default: derived from the manifest and the log head).",
 )
-@click.option(
-    "--wait",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="Seconds to wait for the writer lease held by another process.",
-)
-@click.option(
-    "--lease-ttl",
-    type=click.FloatRange(min=0.1),
-    default=30.0,
-    show_default=True,
-    help="Seconds the writer lease lasts unless renewed (it is renewed every third of it "
-    "while the release runs): if this process dies holding it, the next writer waits "
-    "at most this long (or `lease break` frees it at once) (R12).",
-)
+@lease_options
 @click.option(
     "--publish/--no-publish",
     default=True,
