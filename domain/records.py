@@ -80,12 +80,7 @@ class LocalPack(Aggregate):
     ) -> None:
         self.pack = pack
         self.install_id = install_id
-        self.category = category
-        self.locator = locator
-        self.path = path
-        self.payload_hash = payload_hash
-        #: The raw ``pack.json`` digest the record was made from (None: a v1 row).
-        self.file_digest = file_digest
+        self._facts(category, locator, path, payload_hash, file_digest)
         self.incarnation = 1
         self.removed = False
 
@@ -99,11 +94,7 @@ class LocalPack(Aggregate):
         payload_hash: str,
         file_digest: str | None,
     ) -> None:
-        self.category = category
-        self.locator = locator
-        self.path = path
-        self.payload_hash = payload_hash
-        self.file_digest = file_digest
+        self._facts(category, locator, path, payload_hash, file_digest)
 
     @event(Removed)
     def _removed(self, pack: str, install_id: str) -> None:
@@ -123,10 +114,22 @@ class LocalPack(Aggregate):
     ) -> None:
         self.install_id = install_id
         self.incarnation = incarnation
+        self._facts(category, locator, path, payload_hash, file_digest)
+
+    def _facts(
+        self,
+        category: str,
+        locator: str,
+        path: str,
+        payload_hash: str,
+        file_digest: str | None,
+    ) -> None:
+        """The record's content facts, as an install, update or reinstall sets them."""
         self.category = category
         self.locator = locator
         self.path = path
         self.payload_hash = payload_hash
+        #: The raw ``pack.json`` digest the record was made from (None: a v1 row).
         self.file_digest = file_digest
         self.removed = False
 

@@ -30,10 +30,11 @@ from typing import Any, Literal, TypedDict
 import orjson
 
 from domain.errors import IntegrityFailure, InvalidInput, Missing
-from domain.event_types import EVENT_TYPES, T_PUBLISHED, decode_state
+from domain.event_types import T_PUBLISHED
 from domain.identity import Audience
 from domain.json_diff import JsonChange, json_changes
-from ledger.audit.replay import CATALOG_TYPES, CatalogReplay
+from ledger.audit.history import catalog_events, feed
+from ledger.audit.replay import CatalogReplay
 from ledger.store.runtime import Ledger
 from projections.reader import parse_revision
 from publisher.catalog import BuiltCatalog
@@ -212,16 +213,8 @@ def _replay(
     found: dict[int, _Revision] = {}
     last = 0
     with ledger.db.read() as conn:
-        for position, topic, state in ledger.recorder.scan(
-            conn,
-            after=0,
-            upto=ledger.recorder.head_in(conn).position,
-            topics=EVENT_TYPES.topics_of(CATALOG_TYPES),
-        ):
-            name, data = decode_state(position, topic, state)
-            problem = replay.feed(position, name, data)
-            if problem is not None:
-                raise IntegrityFailure(f"the log does not replay: {problem}", position=position)
+        for position, name, data in catalog_events(ledger, conn):
+            feed(replay, position, name, data)
             if name != T_PUBLISHED:
                 continue
             last = data["revision"]

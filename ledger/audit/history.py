@@ -4,8 +4,11 @@ at any revision.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import closing
 from typing import Any, cast
+
+from sqlalchemy.engine import Connection
 
 from domain.credentials import rfc3339
 from domain.errors import IntegrityFailure, Missing
@@ -140,19 +143,32 @@ def _audience_event(found: Decoded, event_id: bytes) -> AudienceHistoryEvent:
     )
 
 
+def catalog_events(
+    ledger: Ledger, conn: Connection, upto: int | None = None
+) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """The catalog lineage's events (what ``CatalogReplay`` reads), decoded, in log
+    order up to ``upto`` (default: the head in ``conn``'s snapshot)."""
+    head = ledger.recorder.head_in(conn).position if upto is None else upto
+    for position, topic, state in ledger.recorder.scan(
+        conn, after=0, upto=head, topics=EVENT_TYPES.topics_of(CATALOG_TYPES)
+    ):
+        name, data = decode_state(position, topic, state)
+        yield position, name, data
+
+
+def feed(replay: CatalogReplay, position: int, name: str, data: dict[str, Any]) -> None:
+    """Feed ``replay`` one event; a log that does not replay is INTEGRITY at it."""
+    problem = replay.feed(position, name, data)
+    if problem is not None:
+        raise IntegrityFailure(f"the log does not replay: {problem}", position=position)
+
+
 def view_at(ledger: Ledger, audience: tuple[str, str], revision: int) -> PastView:
     """What ``audience`` was served at ``revision``, replayed from the log alone."""
     replay = CatalogReplay(keep=revision)
     with ledger.db.read() as conn:
-        for position, topic, state in ledger.recorder.scan(
-            conn,
-            after=0,
-            upto=ledger.recorder.head_in(conn).position,
-            topics=EVENT_TYPES.topics_of(CATALOG_TYPES),
-        ):
-            problem = replay.feed(position, *decode_state(position, topic, state))
-            if problem is not None:
-                raise IntegrityFailure(f"the log does not replay: {problem}", position=position)
+        for position, name, data in catalog_events(ledger, conn):
+            feed(replay, position, name, data)
             if revision in replay.revisions:
                 break
     if revision not in replay.revisions:

@@ -15,10 +15,11 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from domain.errors import IntegrityFailure, Missing
+from domain.errors import Missing
 from domain.event_types import EVENT_TYPES, T_PREPARED, T_PUBLISHED, decode_state
 from domain.rollback import ActivePack, FrozenSource, Grant, RevisionContent, StoreNow
-from ledger.audit.replay import CATALOG_TYPES, CatalogReplay
+from ledger.audit.history import catalog_events, feed
+from ledger.audit.replay import CatalogReplay
 from ledger.store.runtime import Ledger
 from publisher.catalog import BindingRow
 from publisher.equivalence import EquivalenceEntry, equivalence_digests
@@ -42,9 +43,7 @@ class _StateReplay:
             self.sources[(data["pack"], data["install_id"])] = FrozenSource(
                 source["locator"], source["revision"], source["path"]
             )
-        problem = self.replay.feed(position, topic, data)
-        if problem is not None:
-            raise IntegrityFailure(f"the log does not replay: {problem}", position=position)
+        feed(self.replay, position, topic, data)
         if topic == T_PUBLISHED and data["revision"] in self.wanted:
             self.taken[data["revision"]] = self._take(data)
 
@@ -118,10 +117,8 @@ def _replay(ledger: Ledger, wanted: Collection[int]) -> tuple[_StateReplay, int 
                 raise Missing(f"revision {revision} was never published", revision=revision)
         last = published[-1] if published else None
         state = _StateReplay({*wanted, *([last] if last is not None else [])})
-        for position, topic, stored in ledger.recorder.scan(
-            conn, after=0, upto=head, topics=EVENT_TYPES.topics_of(CATALOG_TYPES)
-        ):
-            state.feed(position, *decode_state(position, topic, stored))
+        for position, name, data in catalog_events(ledger, conn, head):
+            state.feed(position, name, data)
     return state, last
 
 
