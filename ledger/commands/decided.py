@@ -5,7 +5,7 @@ still frozen, the unchanged packs are fenced on the states the plan read."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from domain.classifier import PackState
@@ -30,11 +30,11 @@ class Decided:
     anchor: Anchor | None
     busy: LedgerError | None
     #: The decision and what it previewed (reused under the lease when nothing moved).
-    plan: Plan | None = None
-    preview: Release | None = None
+    plan: Plan
+    preview: Release
     #: The manifest and the folder its paths are relative to (to check frozen packs).
-    manifest: Manifest = field(default_factory=lambda: Manifest((), None))
-    base: Path = Path()
+    manifest: Manifest
+    base: Path
 
 
 def still_preview(
@@ -45,7 +45,7 @@ def still_preview(
     prepare, and each candidate the install id it predicted (R6: ``prepare`` mints
     them deterministically). The final append stays fenced from ``anchor`` on."""
     seen, preview = decided.anchor, decided.preview
-    if seen is None or preview is None or preview.fast is None or decided.plan != plan:
+    if seen is None or preview.fast is None or decided.plan != plan:
         return None
     ours = set(candidates)
     if (
