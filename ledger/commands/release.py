@@ -249,11 +249,6 @@ def simulate_fast(
     return FastRelease(changes, plan, fence, auth, revision, relied_packs)
 
 
-def frozen_moved(anchor: Anchor, frozen: Collection[FrozenPack]) -> list[str]:
-    """The frozen packs with a lifecycle event since the anchor's cut (no longer frozen)."""
-    return sorted(f.name for f in frozen if f.name in anchor.moved)
-
-
 def release_authorities(
     packs: Sequence[Any],
     plan: Mapping[str, tuple[Decision, Any]],
