@@ -8,13 +8,13 @@ from uuid import UUID
 
 import orjson
 
+from domain import merkle
 from domain.digests import ZERO_CHAIN
 from domain.errors import IntegrityFailure
 from domain.event_types import (
     EVENT_TYPES,
     UnknownEventType,
 )
-from ledger.log import merkle
 from ledger.log.trailer import Trailer
 from ledger.store.runtime import Ledger
 

@@ -19,6 +19,7 @@ from ledger.audit.results import KeygenResult
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from domain.notes import VerifierKey
     from ledger.audit.results import (
         CheckpointNote,
         ConsistencyProof,
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
         ProofCheck,
     )
     from ledger.audit.verify import AuditReport
-    from ledger.log.checkpoint import VerifierKey
     from ledger.store.runtime import Ledger
 
 
@@ -43,7 +43,7 @@ def read_text(path: Path, field: str) -> str:
 
 def verifier_key(key: str | None) -> VerifierKey | None:
     """A verifier key given as a file or as its text."""
-    from ledger.log.checkpoint import VerifierKey
+    from domain.notes import VerifierKey
 
     if key is None:
         return None
@@ -58,7 +58,7 @@ def keygen(name: str, out: Path) -> KeygenResult:
     creates it (``O_CREAT | O_EXCL``): it is never readable by others, not
     even for an instant, and an existing file is never overwritten.
     """
-    from ledger.log.checkpoint import SignerKey
+    from domain.notes import SignerKey
 
     key = SignerKey.generate(name)
     try:
@@ -81,8 +81,8 @@ def keygen(name: str, out: Path) -> KeygenResult:
 def check_proof(file: Path, checkpoint_file: Path, key: str | None = None) -> ProofCheck:
     """Verify a proof file offline against a (signed) checkpoint; no store needed."""
     from domain.canonical import parse_json
+    from domain.notes import Checkpoint
     from ledger.audit.proofs import verify_proof
-    from ledger.log.checkpoint import Checkpoint
 
     note = read_text(checkpoint_file, "checkpoint")
     verifier = verifier_key(key)
@@ -133,8 +133,8 @@ def verify(
 
 def checkpoint(ledger: Ledger, *, sign: Path | None) -> CheckpointNote:
     """The C2SP tlog-checkpoint of the log, optionally as a signed note."""
+    from domain.notes import SignerKey
     from ledger.audit.proofs import checkpoint as log_checkpoint
-    from ledger.log.checkpoint import SignerKey
 
     cp = log_checkpoint(ledger)
     note = cp.text()

@@ -12,11 +12,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from domain import merkle
 from domain.errors import IntegrityFailure, InvalidInput
+from domain.notes import Checkpoint
 from ledger.audit.results import ConsistencyProof, InclusionProof, ProofCheck
-from ledger.log import merkle
 from ledger.log import tables as schema
-from ledger.log.checkpoint import Checkpoint
 from ledger.store.runtime import Ledger
 
 CHUNK_LEVEL = 10  # perfect subtrees of 2^10 leaves and larger are cached

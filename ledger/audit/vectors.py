@@ -19,10 +19,9 @@ from uuid import UUID
 
 import orjson
 
-from domain import audience_map
+from domain import audience_map, merkle
 from domain.digests import ZERO_CHAIN, Purpose, aggregate_id, digest, event_id, lp, next_chain, u64
-from ledger.log import merkle
-from ledger.log.checkpoint import Checkpoint
+from domain.notes import Checkpoint
 from ledger.log.trailer import Trailer
 
 ORIGIN = "catalog-ledger/00000000000000000000000000000000"

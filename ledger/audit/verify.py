@@ -24,6 +24,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from domain import merkle
 from domain.audit import LifecycleAuditor
 from domain.digests import ZERO_CHAIN, Purpose, hasher
 from domain.errors import IntegrityFailure, InvalidInput, LedgerError
@@ -33,13 +34,12 @@ from domain.event_types import (
     T_PREPARED,
     UnknownEventType,
 )
+from domain.merkle import MerkleStack
+from domain.notes import Checkpoint, VerifierKey
 from ledger.audit.export import row_damage
 from ledger.audit.proofs import b64
 from ledger.audit.replay import CATALOG_TYPES, CatalogReplay
-from ledger.log import merkle
 from ledger.log import tables as schema
-from ledger.log.checkpoint import Checkpoint, VerifierKey
-from ledger.log.merkle import MerkleStack
 from ledger.store.runtime import Ledger
 
 Progress = Callable[[int, int], None]

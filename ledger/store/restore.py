@@ -49,10 +49,10 @@ from uuid import UUID
 
 import orjson
 
+from domain import merkle
 from domain.digests import ZERO_CHAIN, Purpose, hasher
 from domain.errors import IntegrityFailure, InvalidInput
 from domain.event_types import EVENT_TYPES, StoredType, UnknownEventType
-from ledger.log import merkle
 from ledger.log import tables as schema
 from ledger.log.trailer import Trailer, is_trailer
 from ledger.store.runtime import Ledger

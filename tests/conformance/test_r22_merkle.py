@@ -26,9 +26,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from domain import merkle
 from domain.errors import IntegrityFailure, InvalidInput
-from ledger.log import merkle
-from ledger.log.merkle import MerkleProofError
+from domain.merkle import MerkleProofError
 
 VECTORS = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "rfc6962"
 

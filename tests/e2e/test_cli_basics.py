@@ -165,7 +165,7 @@ NOT_FOR_READS = (
     "ledger.audit",
     "ledger.commands.service",
     "ledger.commands.apply",
-    "ledger.log.checkpoint",
+    "domain.notes",
     "pymysql",
     "sqlalchemy.dialects.mysql",
     "cryptography",

@@ -73,8 +73,8 @@ from domain.identity import (
     SourceRevision,
     WorkloadId,
 )
+from domain.notes import Checkpoint, SignerKey, VerifierKey
 from ledger.cli.app import run as cli_run
-from ledger.log.checkpoint import Checkpoint, SignerKey, VerifierKey
 from projections.reader import parse_revision
 from tests.support.cli_support import ServedStore
 from tests.support.gitrepo import local, official, pack_json, sales_closure, sales_doc

@@ -12,12 +12,12 @@ from typing import Any
 import jsonschema
 import sqlalchemy as sa
 
+from domain import merkle
 from domain.digests import ZERO_CHAIN, event_id, next_chain
+from domain.notes import SignerKey
 from ledger.audit.proofs import MerkleLog, checkpoint
 from ledger.audit.verify import verify_log
-from ledger.log import merkle
 from ledger.log import tables as schema
-from ledger.log.checkpoint import SignerKey
 from ledger.log.db import Database
 from tests.support.cli_inprocess import cli
 from tests.support.gitrepo import git, push_closure

@@ -1,4 +1,6 @@
-"""Checkpoints: C2SP ``tlog-checkpoint`` text, optionally as an Ed25519 signed note.
+"""Signed notes (C2SP ``signed-note``): ``tlog-checkpoint`` text and Ed25519 signatures.
+
+Pure (no I/O): the runtime client verifies checkpoints with it (R29).
 
 A checkpoint commits to the log's size and Merkle root (R22)::
 
