@@ -18,7 +18,11 @@ from ledger.witness.protocol import MAX_BODY, Answer, Witness
 
 
 def _response(answer: Answer) -> Response:
-    return Response(answer.body, status_code=answer.status, media_type=answer.content_type)
+    # The header as given: Starlette would add "; charset=utf-8" to a text/* media type,
+    # and tlog-witness wants exactly ``text/x.tlog.size`` on a 409.
+    return Response(
+        answer.body, status_code=answer.status, headers={"content-type": answer.content_type}
+    )
 
 
 def create_app(witness: Witness) -> Starlette:
