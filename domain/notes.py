@@ -14,6 +14,14 @@ bytes of SHA-256(name || "\\n" || 0x01 || public key), 0x01 naming Ed25519.
 Keys use the ``note`` text forms: ``PRIVATE+KEY+<name>+<id hex>+<base64(0x01||seed)>``
 for signers and ``<name>+<id hex>+<base64(0x01||public key)>`` for verifiers, so
 third-party tools that read C2SP signed notes can check our checkpoints.
+
+Witnesses cosign checkpoints (C2SP ``tlog-cosignature``, ``cosignature/v1``): an
+Ed25519 signature of ``cosignature/v1\ntime <t>\n`` followed by the checkpoint body,
+written as a note signature line whose bytes are key id || u64 big-endian timestamp ||
+signature, the key id SHA-256(name || "\n" || 0x04 || public key)[:4]. ``WitnessSigner``
+makes them, ``WitnessKey`` (vkey type 0x04) checks them, and ``verify_cosignatures``
+returns each pinned witness's timestamp from a note. ``SignedNote`` parses any signed
+note as the spec does (the text ends at the *last* blank line).
 """
 
 from __future__ import annotations

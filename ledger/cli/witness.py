@@ -157,7 +157,8 @@ def witness_serve(
     from ledger.witness.state import WitnessState
 
     host, port = _listen(listen)
-    witness = Witness(WitnessState(db), _signer(key), _logs(logs), _clock(clock_file))
+    signer, followed = _signer(key), _logs(logs)  # checked before the file is created
+    witness = Witness(WitnessState(db), signer, followed, _clock(clock_file))
     _port_is_free(host, port)
     _, log_level = log_settings()
     listening = {
