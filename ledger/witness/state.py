@@ -214,11 +214,11 @@ class WitnessState:
         proof: Sequence[bytes],
         clock: Clock,
     ) -> None:
-        if old_size == checkpoint.size and proof:
-            raise Unprocessable("the same size needs an empty proof", reason="proof_length")
         if old_size == checkpoint.size and checkpoint.root == known.root:
+            if proof:
+                raise Unprocessable("the same size needs an empty proof", reason="proof_length")
             return
-        if old_size == checkpoint.size:
+        if old_size == checkpoint.size:  # another root: a fork, whatever the proof says
             reason, message = "root_mismatch", f"size {known.size} was cosigned with another root"
         else:
             try:
