@@ -112,6 +112,15 @@ def test_r29_same_size_other_root_is_refused_and_kept(state: WitnessState) -> No
     assert state.known(ORIGIN).root == merkle.root(LEAVES[:8])  # type: ignore[union-attr]
 
 
+def test_r29_same_size_other_root_with_a_proof_is_still_kept(state: WitnessState) -> None:
+    """A needless proof does not turn a fork into a mere malformed request."""
+    _advance(state, 8, 0)
+    with pytest.raises(Unprocessable) as caught:
+        _advance(state, 8, 8, [LEAVES[0]], leaves=FORGED)
+    assert caught.value.reason == "root_mismatch"
+    assert [e["reason"] for e in state.evidence()] == ["root_mismatch"]
+
+
 def test_r29_inconsistent_larger_tree_is_refused_and_kept(state: WitnessState) -> None:
     _advance(state, 8, 0)
     forged_proof = merkle.consistency_proof(FORGED, 8, 12)
