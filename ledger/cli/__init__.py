@@ -16,6 +16,7 @@ from ledger.cli import (
     read,
     rollback,
     store,
+    witness,
     write,
 )
 from ledger.cli.app import cli, dump_json, main, run
@@ -34,5 +35,6 @@ __all__ = [
     "rollback",
     "run",
     "store",
+    "witness",
     "write",
 ]

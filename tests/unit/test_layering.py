@@ -110,7 +110,11 @@ ALLOWED_OURS = {
         "ledger.http",
         "ledger.log.url",
         "ledger.observability",
+        "ledger.witness",
     },
+    # The witness (R29) runs apart from any store: its own SQLite file, the pure notes
+    # and Merkle proofs, and the structured logs.
+    "ledger.witness": {"domain", "ledger.observability"},
     "ledger.http": {
         "domain",
         "ledger.api",
