@@ -317,6 +317,70 @@ def test_r29_reference_verifier_refuses_each_tampered_bundle(case: str) -> None:
     assert kept == before
 
 
+def signed_body(body: str, *cosigners: tuple[rb.Signer, int]) -> dict[str, Any]:
+    """The current bundle under a note of any ``body``, validly signed and cosigned."""
+    note = body + "\n" + rb.LOG.line(body) + "".join(w.line(body, t) for w, t in cosigners)
+    return MAIN.bundle(checkpoint=note)
+
+
+W1, W2, W3 = rb.WITNESSES
+TWIN = rb.Signer("witness.example/twin", W1.key, 0x04)  # W1's key under another name
+ROTATED = rb.Signer.of(rb.MAIN_ORIGIN + "/next", 2, 0x01)
+CHECKPOINT = f"{rb.ORIGIN}\n3\n{rb.b64(MAIN.root(3))}\n"
+
+#: case -> (bundle, policy changes, reason)
+WITH_POLICY: dict[str, tuple[Callable[[], dict[str, Any]], dict[str, Any], str]] = {
+    "one witness key pinned under two names counts once": (
+        lambda: signed_body(CHECKPOINT, (W1, rb.NOW), (TWIN, rb.NOW)),
+        {"witnesses": [{"key": W1.vkey()}, {"key": TWIN.vkey()}, {"key": W2.vkey()}]},
+        "too_few_cosignatures",
+    ),
+    "a validly signed cosignature timestamp beyond 2^63 - 1": (
+        lambda: signed_body(CHECKPOINT, (W1, rb.NOW), (W2, 2**63)),
+        {},
+        "bad_cosignature",
+    ),
+    "a bad line by one pinned log key beside a good one by another": (
+        lambda: relined(
+            MAIN.bundle(checkpoint=rb.note(3, MAIN.root(3), signers=[rb.LOG, ROTATED])),
+            line_edit(1),
+        ),
+        {"log_keys": [rb.LOG.vkey(), ROTATED.vkey()]},
+        "bad_signature",
+    ),
+    "no proof member": (
+        lambda: edited(MAIN.bundle(), lambda b: b.pop("proof")),
+        {},
+        "malformed_bundle",
+    ),
+    "a proof of another format": (
+        lambda: edited(MAIN.bundle(), lambda b: b["proof"].update(format=2)),
+        {},
+        "malformed_bundle",
+    ),
+    "a checkpoint that is not a signed note": (
+        lambda: MAIN.bundle(checkpoint=CHECKPOINT),
+        {},
+        "malformed_bundle",
+    ),
+    "a signed size with a leading zero (tlog-checkpoint)": (
+        lambda: signed_body(CHECKPOINT.replace("\n3\n", "\n03\n"), (W1, rb.NOW), (W2, rb.NOW)),
+        {},
+        "malformed_bundle",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WITH_POLICY))
+def test_r29_reference_verifier_refuses_what_the_specs_forbid(case: str) -> None:
+    build, changes, reason = WITH_POLICY[case]
+    with pytest.raises(ref.BundleRejected) as refused:
+        verify(build(), **changes)
+    assert refused.value.reason == reason, refused.value
+    # The same policy accepts the untampered bundle: the refusal is the tampering's.
+    assert verify(MAIN.bundle(), **changes)["size"] == 3
+
+
 def test_r29_reference_verifier_calls_a_rollback_stale() -> None:
     with pytest.raises(ref.BundleStale) as stale:
         verify(MAIN.bundle(revision=2), accepted(3))

@@ -350,7 +350,7 @@ def key_id(name: str, key_type: int, public: bytes) -> bytes:
 class PinnedKey:
     name: str
     id: bytes
-    public: Ed25519PublicKey
+    raw: bytes  # the 32-byte public key
 
     @classmethod
     def parse(cls, vkey: str, key_type: int) -> PinnedKey:
@@ -361,11 +361,11 @@ class PinnedKey:
             raise ValueError(f"not a type {key_type:#04x} Ed25519 verifier key: {vkey}")
         if bytes.fromhex(hex_id) != key_id(name, key_type, raw[1:]):
             raise ValueError(f"the key id of {vkey} is not the one its key gives")
-        return cls(name, bytes.fromhex(hex_id), Ed25519PublicKey.from_public_bytes(raw[1:]))
+        return cls(name, bytes.fromhex(hex_id), raw[1:])
 
     def verifies(self, signature: bytes, message: bytes) -> bool:
         try:
-            self.public.verify(signature, message)
+            Ed25519PublicKey.from_public_bytes(self.raw).verify(signature, message)
         except InvalidSignature:
             return False
         return True
@@ -519,17 +519,19 @@ def verify_bundle(
                 signed = True
     if not signed:
         raise BundleRejected("no_signature", "no line by a pinned log key")
-    # 2. cosignatures: one newest valid timestamp per distinct pinned witness
-    times: dict[int, int] = {}
+    # 2. cosignatures: one newest valid timestamp per distinct witness *key*: an Ed25519
+    # cosignature does not commit to the witness's name (tlog-cosignature), so one key
+    # pinned under two names would otherwise count twice from one signature.
+    times: dict[bytes, int] = {}
     for name, signature in signatures:
-        for n, key in enumerate(witnesses):
+        for key in witnesses:
             if (name, signature[:4]) != (key.name, key.id):
                 continue
             stamp = int.from_bytes(signature[4:12], "big")
             message = f"cosignature/v1\ntime {stamp}\n{text}".encode()
             if len(signature) != 76 or stamp > INT_MAX or not key.verifies(signature[12:], message):
                 raise BundleRejected("bad_cosignature", f"by the pinned witness {name}")
-            times[n] = max(times.get(n, stamp), stamp)
+            times[key.raw] = max(times.get(key.raw, stamp), stamp)
     if len(times) < threshold:
         raise BundleRejected("too_few_cosignatures", f"{len(times)} of {threshold} required")
     # 3. the revision event
