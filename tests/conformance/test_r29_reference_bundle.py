@@ -351,22 +351,32 @@ WITH_POLICY: dict[str, tuple[Callable[[], dict[str, Any]], dict[str, Any], str]]
     "no proof member": (
         lambda: edited(MAIN.bundle(), lambda b: b.pop("proof")),
         {},
-        "malformed_bundle",
+        "malformed_proof",
     ),
     "a proof of another format": (
         lambda: edited(MAIN.bundle(), lambda b: b["proof"].update(format=2)),
         {},
-        "malformed_bundle",
+        "malformed_proof",
     ),
-    "a checkpoint that is not a signed note": (
+    "a checkpoint without a blank line and signatures": (
         lambda: MAIN.bundle(checkpoint=CHECKPOINT),
         {},
-        "malformed_bundle",
+        "no_signature",
+    ),
+    "a checkpoint note with a control character": (
+        lambda: signed_body(CHECKPOINT.replace(rb.ORIGIN, rb.ORIGIN + "\t"), (W1, rb.NOW)),
+        {},
+        "malformed_proof",
+    ),
+    "an inclusion proof hash that is not 32 bytes": (
+        lambda: edited(MAIN.bundle(), lambda b: b["proof"]["inclusion"].append(rb.b64(b"short"))),
+        {},
+        "malformed_proof",
     ),
     "a signed size with a leading zero (tlog-checkpoint)": (
         lambda: signed_body(CHECKPOINT.replace("\n3\n", "\n03\n"), (W1, rb.NOW), (W2, rb.NOW)),
         {},
-        "malformed_bundle",
+        "malformed_proof",
     ),
 }
 

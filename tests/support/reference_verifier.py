@@ -375,12 +375,13 @@ def split_note(note: str) -> tuple[str, list[tuple[str, bytes]]]:
     """signed-note "Format": (text, [(key name, base64-decoded signature)]).
 
     The text ends in a newline and is separated from the signature lines by the last
-    blank line. Anything else is not a signed note (``malformed_bundle``)."""
+    blank line; a text with no blank line is a note without signatures (then
+    ``no_signature``). Anything else is not a signed note (``malformed_proof``)."""
     if any(ord(c) < 0x20 and c != "\n" for c in note) or not note.endswith("\n"):
-        raise BundleRejected("malformed_bundle", "the checkpoint is not a signed note")
+        raise BundleRejected("malformed_proof", "the checkpoint is not a signed note")
     cut = note.rfind("\n\n")
     if cut < 0:
-        raise BundleRejected("malformed_bundle", "the checkpoint note has no blank line")
+        return note, []
     text, rest, signatures = note[: cut + 1], note[cut + 2 :], []
     for line in rest[:-1].split("\n") if rest else []:
         name, _, encoded = line.removeprefix("\u2014 ").partition(" ")
@@ -389,9 +390,9 @@ def split_note(note: str) -> tuple[str, list[tuple[str, bytes]]]:
                 raise ValueError(line)
             signature = base64.b64decode(encoded, validate=True)
         except ValueError:
-            raise BundleRejected("malformed_bundle", f"not a signature line: {line!r}") from None
+            raise BundleRejected("malformed_proof", f"not a signature line: {line!r}") from None
         if len(signature) < 4:
-            raise BundleRejected("malformed_bundle", f"a signature without a key id: {line!r}")
+            raise BundleRejected("malformed_proof", f"a signature without a key id: {line!r}")
         signatures.append((name, signature))
     return text, signatures
 
@@ -400,26 +401,26 @@ def parse_checkpoint(text: str) -> tuple[str, int, bytes]:
     """tlog-checkpoint "Note text": origin, size (decimal, no leading zero), root (base64)."""
     lines = text.split("\n")[:-1]
     if len(lines) < 3 or not all(lines):
-        raise BundleRejected("malformed_bundle", "the note text is not a checkpoint")
+        raise BundleRejected("malformed_proof", "the note text is not a checkpoint")
     origin, size, root = lines[:3]
     try:
         if not size.isdigit() or not size.isascii() or (size != "0" and size[0] == "0"):
             raise ValueError(size)
         digest = base64.b64decode(root, validate=True)
     except ValueError:
-        raise BundleRejected("malformed_bundle", "the checkpoint's size or root") from None
+        raise BundleRejected("malformed_proof", "the checkpoint's size or root") from None
     if len(digest) != 32:
-        raise BundleRejected("malformed_bundle", "the checkpoint's root is not 32 bytes")
+        raise BundleRejected("malformed_proof", "the checkpoint's root is not 32 bytes")
     return origin, int(size), digest
 
 
-def _hashes(items: Any, reason: str, what: str) -> list[bytes]:
+def _hashes(items: Any, what: str) -> list[bytes]:
     try:
         hashes = [base64.b64decode(h, validate=True) for h in items]
     except (TypeError, ValueError):
-        raise BundleRejected(reason, f"{what} is not a list of base64 hashes") from None
+        raise BundleRejected("malformed_proof", f"{what} is not a list of base64 hashes") from None
     if not isinstance(items, list) or any(len(h) != 32 for h in hashes):
-        raise BundleRejected(reason, f"{what} holds a hash that is not 32 bytes")
+        raise BundleRejected("malformed_proof", f"{what} holds a hash that is not 32 bytes")
     return hashes
 
 
@@ -429,7 +430,7 @@ def verify_view(body: dict[str, Any]) -> tuple[str, str, int, bytes]:
     kind, colon, ident = str(body.get("audience")).partition(":")
     revision = body.get("revision")
     if not colon or type(revision) is not int or revision < 1:
-        raise BundleRejected("malformed_bundle", "the view's audience or revision")
+        raise BundleRejected("malformed_proof", "the view's audience or revision")
     grants = [
         [g[f] for f in ("pack", "kind", "key", "credential_set", "install_id")]
         for g in body["grants"]
@@ -504,7 +505,7 @@ def verify_bundle(
             raise ValueError("format")
         inclusion, audience = proof["inclusion"], proof["audience"]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise BundleRejected("malformed_bundle", f"the view or its proof: {exc!r}") from None
+        raise BundleRejected("malformed_proof", f"the view or its proof: {exc!r}") from None
     # 1. origin and the log's signature
     text, signatures = split_note(proof["checkpoint"])
     origin, size, root = parse_checkpoint(text)
@@ -540,15 +541,13 @@ def verify_bundle(
     if size != revision:
         raise BundleRejected("not_current", f"checkpoint size {size}, view revision {revision}")
     try:
-        got = root_from_inclusion(
-            revision - 1, size, leaf(eid), _hashes(inclusion, "bad_inclusion", "inclusion")
-        )
+        got = root_from_inclusion(revision - 1, size, leaf(eid), _hashes(inclusion, "inclusion"))
     except Mismatch as exc:
         raise BundleRejected("bad_inclusion", str(exc)) from None
     if got != root:
         raise BundleRejected("bad_inclusion", "the inclusion proof gives another root")
     # 5. the audience's own leaf under audiences_root
-    siblings = _hashes(audience, "bad_audience_proof", "audience")
+    siblings = _hashes(audience, "audience")
     if (
         len(siblings) > 256
         or audience_map_root(kind, ident, view_digest, siblings) != audiences_root
@@ -569,7 +568,7 @@ def verify_bundle(
             consistency = proof.get("consistency")
             if not isinstance(consistency, dict) or consistency.get("from_size") != size0:
                 raise BundleRejected("missing_consistency", f"none from size {size0}")
-            path = _hashes(consistency.get("proof"), "inconsistent_tree", "consistency")
+            path = _hashes(consistency.get("proof"), "consistency")
             try:
                 pair = roots_from_consistency(size0, size, path, root0)
             except (Mismatch, IndexError) as exc:
