@@ -20,9 +20,13 @@ from typing import Any
 
 import pytest
 
+from tests.conformance.test_r23_log_format import export_lines, realistic
 from tests.support import reference_audience_map as amap
 from tests.support import reference_bundle as rb
+from tests.support import reference_catalog_log as catalog_log
 from tests.support import reference_verifier as ref
+from tests.support.cli_inprocess import cli, cli_json
+from tests.support.lifecycle_support import World
 
 ROOT = Path(__file__).resolve().parents[2]
 Case = Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]
@@ -506,7 +510,16 @@ SPEC_ONLY = {
 }
 
 
-@pytest.mark.parametrize("module", ["reference_verifier", "reference_bundle"])
+#: Each reference module -> the other spec-only references it may read.
+REFERENCES = {
+    "reference_verifier": {"reference_audience_map"},
+    "reference_bundle": {"reference_audience_map"},
+    "reference_catalog_log": {"reference_audience_map", "reference_verifier"},
+    "reference_audience_map": set(),
+}
+
+
+@pytest.mark.parametrize("module", sorted(REFERENCES))
 def test_r29_the_reference_modules_import_no_project_code(module: str) -> None:
     tree = ast.parse((ROOT / "tests" / "support" / f"{module}.py").read_text(encoding="utf-8"))
     imported = set()
@@ -519,6 +532,52 @@ def test_r29_the_reference_modules_import_no_project_code(module: str) -> None:
                 for a in node.names
             }
     assert {m.split(".")[0] for m in imported} - {"tests"} <= SPEC_ONLY, imported
-    assert {m for m in imported if m.startswith("tests")} == {
-        "tests.support.reference_audience_map"
-    }
+    references = {m.removeprefix("tests.support.") for m in imported if m.startswith("tests")}
+    assert references == REFERENCES[module]
+
+
+def test_r29_reference_verifier_accepts_bundles_assembled_from_a_real_store(
+    world: World, tmp_path: Path
+) -> None:
+    """On SQLite and MariaDB: the catalog log and each revision's audience map, recomputed
+    by the reference from an export alone, commit to the views the store serves; a bundle
+    assembled from them (signed with the reference's keys) verifies, from no kept state
+    and along a consistency proof from revision 1."""
+    realistic(world)  # revision 1: three audiences; revision 2: an advance, app:café gone
+    events = catalog_log.records(export_lines(world.url, tmp_path))
+    leaves = catalog_log.leaves(events)
+    revisions = catalog_log.revision_events(events)
+    assert len(leaves) == len(revisions) == 2
+    for revision, event in enumerate(revisions, start=1):
+        in_force = catalog_log.audiences_at(events, revision)
+        state = json.loads(base64.b64decode(event["state_b64"]))
+        assert (event["topic"], state["audiences"]) == ("catalog.published@2", [])
+        assert catalog_log.audiences_root(in_force).hex() == state["audiences_root"]
+        for kind, ident in in_force:
+            at = ("--at-revision", str(revision))
+            code, view = cli_json("--db", world.url, "view", f"{kind}:{ident}", *at)
+            assert code == 0 and bytes.fromhex(view["audience_digest"]) == in_force[kind, ident]
+    assert set(catalog_log.audiences_at(events, 1)) - set(in_force) == {("app", "café")}
+    assert cli_json("--db", world.url, "view", "app:café")[0] == 5  # MISSING: not in force
+    origin = cli("--db", world.url, "audit", "checkpoint").stdout.splitlines()[0] + "/catalog"
+    policy = {**rb.policy(), "origin": origin}
+    note = rb.note(2, rb.mth(leaves), origin=origin)
+    first = {"size": 1, "root": rb.b64(rb.mth(leaves[:1])), "revision": 1}
+    for kind, ident in in_force:
+        code, view = cli_json("--db", world.url, "view", f"{kind}:{ident}")
+        assert code == 0 and view["revision"] == 2
+        for kept, since in ((None, None), (first, 1)):
+            body = rb.prove(
+                view, checkpoint=note, event=revisions[1], leaves=leaves, in_force=in_force,
+                since=since,
+            )  # fmt: skip
+            assert ref.verify_bundle(body, policy, kept, rb.NOW) == {
+                "size": 2, "root": rb.b64(rb.mth(leaves)), "revision": 2,
+            }  # fmt: skip
+        older = rb.prove(
+            view, checkpoint=note, event=revisions[0], leaves=leaves, in_force=in_force
+        )
+        body["proof"]["revision_event"] = older["proof"]["revision_event"]  # revision 1's
+        with pytest.raises(ref.BundleRejected) as refused:
+            ref.verify_bundle(body, policy, first, rb.NOW)
+        assert refused.value.reason == "wrong_revision_event"

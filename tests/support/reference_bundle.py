@@ -302,16 +302,42 @@ class Catalog:
         the checkpoint of ``size`` (default: the revision), as a server would serve it."""
         revision = revision or len(self.events)
         size = size or revision
-        views = self.views[revision - 1]
-        body: dict[str, Any] = json.loads(json.dumps(views[audience]))
-        body["proof"] = {
-            "format": 1,
-            "checkpoint": checkpoint or note(size, self.root(size)),
-            "revision_event": dict(self.events[revision - 1]),
-            "inclusion": [b64(h) for h in inclusion_path(revision - 1, self.leaves[:size])],
-            "audience": [b64(h) for h in audience_path(map_leaves(views), amap.key(*audience))],
+        in_force = {
+            a: bytes.fromhex(v["audience_digest"]) for a, v in self.views[revision - 1].items()
         }
-        if since is not None:
-            proof = consistency_path(since, self.leaves[:size])
-            body["proof"]["consistency"] = {"from_size": since, "proof": [b64(h) for h in proof]}
-        return body
+        return prove(
+            self.views[revision - 1][audience],
+            checkpoint=checkpoint or note(size, self.root(size)),
+            event=self.events[revision - 1],
+            leaves=self.leaves[:size],
+            in_force=in_force,
+            since=since,
+        )
+
+
+def prove(
+    view: dict[str, Any],
+    *,
+    checkpoint: str,
+    event: dict[str, Any],
+    leaves: Sequence[bytes],
+    in_force: dict[tuple[str, str], bytes],
+    since: int | None = None,
+) -> dict[str, Any]:
+    """``view`` with the proof member a server attaches (LOG-FORMAT "Proof bundle"):
+    ``event`` is its revision's stored ``catalog.published``, ``leaves`` the catalog log
+    of the checkpoint's size, ``in_force`` every audience's digest at the revision."""
+    kind, _, ident = view["audience"].partition(":")
+    body: dict[str, Any] = json.loads(json.dumps(view))
+    mapped = {amap.key(*a): d for a, d in in_force.items()}
+    body["proof"] = {
+        "format": 1,
+        "checkpoint": checkpoint,
+        "revision_event": {k: event[k] for k in ("aggregate_id", "version", "topic", "state_b64")},
+        "inclusion": [b64(h) for h in inclusion_path(view["revision"] - 1, leaves)],
+        "audience": [b64(h) for h in audience_path(mapped, amap.key(kind, ident))],
+    }
+    if since is not None:
+        proof = consistency_path(since, leaves)
+        body["proof"]["consistency"] = {"from_size": since, "proof": [b64(h) for h in proof]}
+    return body
