@@ -59,7 +59,9 @@ class Checkpoint:
         lines = body.split("\n")
         size = lines[1] if len(lines) > 1 else ""
         # ASCII digits only (int() refuses '²'), and few enough for a 64-bit tree size.
+        # tlog-checkpoint: decimal with no leading zeroes ("0" alone for an empty log).
         plain = size.isascii() and size.isdigit() and len(size) <= 19
+        plain = plain and (size == "0" or not size.startswith("0"))
         if len(lines) < 3 or not lines[0] or not plain:
             raise InvalidInput(
                 f"{field} is not a tlog-checkpoint (origin, size, base64 root)", field=field

@@ -184,6 +184,16 @@ def test_r29_checkpoint_example_parses() -> None:
     assert note.signatures[0].key_id.hex() == "033de0ae"
 
 
+@pytest.mark.parametrize("size", ["03", "00", "0020852163"])
+def test_r29_a_checkpoint_size_with_leading_zeroes_is_refused(size: str) -> None:
+    """tlog-checkpoint: the size is "ASCII decimal, with no leading zeroes" — so one tree
+    has one body, and one signature cannot be replayed under another spelling."""
+    root = SOFA_BODY.split("\n")[2]
+    with pytest.raises(InvalidInput):
+        Checkpoint.parse(f"example.com/behind-the-sofa\n{size}\n{root}\n")
+    assert Checkpoint.parse(f"example.com/x\n0\n{root}\n").size == 0
+
+
 # --------------------------------------------------------------------------- tlog-cosignature
 
 
