@@ -52,6 +52,7 @@ from ledger.store.runtime import Ledger
 # them) start without the audit, export, command and signing code (issue 25.7;
 # tests/e2e/test_cli_basics.py checks it).
 if TYPE_CHECKING:
+    from ledger.audit.cosign import AddCheckpoint, CosignResult
     from ledger.audit.diff import RevisionDiff
     from ledger.audit.operations import check_proof, keygen, read_text, verifier_key
     from ledger.audit.results import (
@@ -440,11 +441,34 @@ class Store:
             progress=progress,
         )
 
-    def checkpoint(self, *, sign: Path | None = None) -> CheckpointNote:
-        """The C2SP tlog-checkpoint of the log, optionally as a signed note."""
+    def checkpoint(self, *, sign: Path | None = None, log: str = "main") -> CheckpointNote:
+        """The C2SP tlog-checkpoint of the main log (or, ``log="catalog"``, of the catalog
+        log, R29), optionally as a signed note."""
         from ledger.audit import operations as audit_operations
 
-        return audit_operations.checkpoint(self.audit_ledger, sign=sign)
+        return audit_operations.checkpoint(self.audit_ledger, sign=sign, log=log)
+
+    def cosign(
+        self,
+        *,
+        sign: Path,
+        policy: Path,
+        add_checkpoint: AddCheckpoint | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> CosignResult:
+        """Sign the catalog log's checkpoint, have the policy's witnesses cosign it and
+        store it when ``threshold`` did (``ledger.audit.cosign``); else UNAVAILABLE."""
+        import time
+
+        from ledger.audit import operations as audit_operations
+
+        return audit_operations.cosign(
+            self.ledger,
+            sign=sign,
+            policy=policy,
+            add_checkpoint=add_checkpoint,
+            clock=clock or time.time,
+        )
 
     def prove(
         self,
@@ -507,6 +531,14 @@ class Store:
     def catch_up(self, names: Sequence[str] = ()) -> dict[str, CaughtUp]:
         """Advance catch-up views to the log head."""
         return operations.catch_up(self.ledger, names)
+
+
+def catalog_origin(ledger: Ledger) -> str:
+    """The catalog log's checkpoint origin: the main log's followed by ``/catalog`` (R29)."""
+    from ledger.audit.proofs import origin_of
+    from ledger.store.catalog_log import catalog_origin as of_main
+
+    return of_main(origin_of(ledger))
 
 
 def open_store(url: str | None = None) -> Store:

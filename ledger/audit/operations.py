@@ -13,13 +13,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from domain.errors import IntegrityFailure, InvalidInput, UsageError
+from domain.errors import IntegrityFailure, InvalidInput, Unavailable, UsageError
 from ledger.audit.results import KeygenResult
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from domain.notes import VerifierKey
+    from ledger.audit.cosign import AddCheckpoint, CosignResult
     from ledger.audit.results import (
         CheckpointNote,
         ConsistencyProof,
@@ -131,16 +132,66 @@ def verify(
     return report
 
 
-def checkpoint(ledger: Ledger, *, sign: Path | None) -> CheckpointNote:
-    """The C2SP tlog-checkpoint of the log, optionally as a signed note."""
+def checkpoint(ledger: Ledger, *, sign: Path | None, log: str = "main") -> CheckpointNote:
+    """The C2SP tlog-checkpoint of the main log or of the catalog log (R29), optionally
+    as a signed note."""
     from domain.notes import SignerKey
     from ledger.audit.proofs import checkpoint as log_checkpoint
+    from ledger.audit.proofs import origin_of
+    from ledger.store.catalog_log import CatalogLog, catalog_origin
 
-    cp = log_checkpoint(ledger)
+    if log == "catalog":
+        catalog = CatalogLog(ledger.db)
+        catalog.refresh()
+        cp = catalog.checkpoint(catalog_origin(origin_of(ledger)))
+    elif log == "main":
+        cp = log_checkpoint(ledger)
+    else:
+        raise InvalidInput(f"log must be main or catalog, got {log!r}", field="log")
     note = cp.text()
     if sign is not None:
         note = SignerKey.parse(read_text(sign, "sign"), field="sign").sign(note)
     return {"origin": cp.origin, "size": cp.size, "root": note.split("\n")[2], "note": note}
+
+
+def cosign(
+    ledger: Ledger,
+    *,
+    sign: Path,
+    policy: Path,
+    add_checkpoint: AddCheckpoint | None,
+    clock: Callable[[], float],
+) -> CosignResult:
+    """``catalog-ledger cosign`` (``ledger.audit.cosign``): the key and policy files read,
+    the witnesses reached through ``add_checkpoint`` (default: the tlog-witness client)."""
+    import importlib
+
+    from domain.canonical import parse_json
+    from domain.notes import SignerKey
+    from ledger.audit.cosign import check_policy, parse_policy
+    from ledger.audit.cosign import cosign as collect
+    from ledger.audit.proofs import origin_of
+    from ledger.store.catalog_log import catalog_origin
+
+    signer = SignerKey.parse(read_text(sign, "sign"), field="sign")
+    document = parse_json(read_text(policy, "policy"), source=str(policy))
+    parsed = parse_policy(document)
+    origin = catalog_origin(origin_of(ledger))
+    check_policy(parsed, origin, signer)
+    if add_checkpoint is None:
+        try:  # the tlog-witness client (branch ``witness``)
+            client = importlib.import_module("ledger.witness.submit")
+        except ModuleNotFoundError:
+            raise Unavailable("this build has no tlog-witness client") from None
+        add_checkpoint = client.add_checkpoint
+    return collect(
+        ledger,
+        origin=origin,
+        signer=signer,
+        policy=parsed,
+        add_checkpoint=add_checkpoint,
+        clock=clock,
+    )
 
 
 def check_proof_request(*, position: int | None, from_size: int | None) -> None:

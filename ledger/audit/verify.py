@@ -36,6 +36,7 @@ from domain.event_types import (
 )
 from domain.merkle import MerkleStack
 from domain.notes import Checkpoint, VerifierKey
+from ledger.audit.catalog_tie import checkpoint_problems
 from ledger.audit.export import row_damage
 from ledger.audit.proofs import b64
 from ledger.audit.replay import CATALOG_TYPES, CatalogReplay
@@ -183,6 +184,8 @@ def verify_log(
                         f"view {d.table} differs from a replay at {d.key}: {d.problem}",
                     )
                 )
+    report.checks.append("checkpoints")  # the stored cosigned checkpoints (R29)
+    report.problems.extend(Problem(None, "checkpoints", m) for m in checkpoint_problems(ledger))
     if sources:
         report.checks.append("sources")
         report.problems.extend(_check_sources(generations))

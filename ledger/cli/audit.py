@@ -43,10 +43,18 @@ def audit_keygen(name: str, out: Path, as_json: bool) -> None:
     metavar="KEYFILE",
     help="Sign the checkpoint with this signer key.",
 )
+@click.option(
+    "--log",
+    "log",
+    type=click.Choice(["main", "catalog"]),
+    default="main",
+    show_default=True,
+    help="The main log, or the catalog log (leaf i: revision i+1's event id, R29).",
+)
 @json_option
-def audit_checkpoint(sign: Path | None, as_json: bool) -> None:
+def audit_checkpoint(sign: Path | None, log: str, as_json: bool) -> None:
     """Print a tlog-checkpoint (origin, size, base64 Merkle root), optionally signed."""
-    document = store().checkpoint(sign=sign)
+    document = store().checkpoint(sign=sign, log=log)
     emit(as_json, document, lambda: click.echo(document["note"], nl=False))
 
 
@@ -243,3 +251,37 @@ def export(jsonl: bool, out: Path | None, as_json: bool) -> None:
         emit(True, {"events": count, "out": str(out)}, lambda: None)
     else:
         click.echo(f"{count} events written to {out}", err=True)
+
+
+@cli.command("cosign")
+@click.option(
+    "--sign",
+    "sign",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    metavar="KEYFILE",
+    help="The log's signer key (this job holds it; `serve` never does).",
+)
+@click.option(
+    "--policy",
+    "policy",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    metavar="POLICY.json",
+    help="Trust policy: the catalog log's origin, log keys, witnesses (key, url), threshold.",
+)
+@json_option
+def cosign_command(sign: Path, policy: Path, as_json: bool) -> None:
+    """Sign the catalog log's checkpoint, submit it to the policy's witnesses (C2SP
+    tlog-witness) and store it with their cosignatures when at least the threshold
+    cosigned; otherwise store nothing and exit UNAVAILABLE naming the witnesses that
+    failed. Run it more often than the clients' max_age_seconds (R29)."""
+    document = store().cosign(sign=sign, policy=policy)
+    emit(
+        as_json,
+        document,
+        lambda: click.echo(
+            f"cosigned size {document['size']} by {len(document['cosigned'])} witnesses "
+            f"({', '.join(document['cosigned'])})"
+        ),
+    )

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from ledger.log.sqltypes import BigInt, Binary, Blob
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = sa.MetaData()
 
@@ -70,4 +70,19 @@ lease = sa.Table(
     sa.Column("holder", Binary(255), nullable=False),
     sa.Column("epoch", sa.BigInteger(), nullable=False),
     sa.Column("expires_at_us", sa.BigInteger(), nullable=False),
+)
+
+#: Cosigned checkpoints (schema version 3, R29): one row per log origin (today the
+#: catalog log's), the whole signed note as the collector (`catalog-ledger cosign`)
+#: stored it: body, blank line, the log's signature line, the witnesses' cosignature
+#: lines. Written only by the collector, served as stored; `audit verify` checks each
+#: row's (size, root) against the log recomputed from the main log.
+checkpoint = sa.Table(
+    "ledger_checkpoint",
+    metadata,
+    sa.Column("origin", Binary(255), primary_key=True),
+    sa.Column("size", sa.BigInteger(), nullable=False),
+    sa.Column("root", Binary(32), nullable=False),
+    sa.Column("note", Blob(), nullable=False),
+    sa.Column("stored_at_us", sa.BigInteger(), nullable=False),
 )

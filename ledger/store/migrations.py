@@ -10,7 +10,8 @@ newer release's store (INTEGRITY).
 
 Version 1 is the 0.1 schema. Version 2 adds ``ledger_lease``, the writer
 lease's coordination row (renewals move its expiry outside the log), and the
-audience credentials view. ``Store.migrate`` then finishes like ``init``: the
+audience credentials view. Version 3 adds ``ledger_checkpoint``, the cosigned
+checkpoints of the catalog log (R29). ``Store.migrate`` then finishes like ``init``: the
 projection states of new views are created and those views built from the log.
 """
 
@@ -58,6 +59,7 @@ def _creating(*names: str) -> Callable[[Connection], None]:
 
 
 _V2_TABLES = (log_tables.lease.name, "view_credential")
+_V3_TABLES = (log_tables.checkpoint.name,)
 
 STEPS: tuple[Step, ...] = (
     Step(
@@ -66,6 +68,13 @@ STEPS: tuple[Step, ...] = (
         "expiry) and view_credential (audience credentials, built from the log)",
         _V2_TABLES,
         _creating(*_V2_TABLES),
+    ),
+    Step(
+        3,
+        "create ledger_checkpoint (the cosigned catalog-log checkpoints the collector "
+        "stores and the server serves with proof bundles, R29)",
+        _V3_TABLES,
+        _creating(*_V3_TABLES),
     ),
 )
 

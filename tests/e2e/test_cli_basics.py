@@ -25,7 +25,7 @@ def test_r22_init_is_idempotent_and_log_shows_chain(engine_url: str, tmp_path: P
     first = cli("--db", engine_url, "init", "--json")
     assert first.code == 0, first.stdout + first.stderr
     assert first.json()["created"] is True
-    assert first.json()["schema_version"] == 2
+    assert first.json()["schema_version"] == 3
     again = cli("--db", engine_url, "init", "--json")
     assert again.code == 0 and again.json()["created"] is False
 

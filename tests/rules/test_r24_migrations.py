@@ -34,6 +34,7 @@ from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World
 
 STEP_2 = {"version": 2, "summary": STEPS[0].summary}
+STEP_3 = {"version": 3, "summary": STEPS[1].summary}
 
 
 def _sha(path: Path) -> str:
@@ -56,6 +57,7 @@ def as_version_1(world: World) -> None:
     """Turn a current store back into what schema version 1 declared (the 0.1 schema)."""
     with world.db.write() as conn:
         conn.exec_driver_sql("DROP TABLE ledger_lease")
+        conn.exec_driver_sql("DROP TABLE ledger_checkpoint")
         conn.execute(
             sa.text("UPDATE ledger_meta SET value = :v WHERE name = :n"),
             {"v": b"1", "n": b"schema_version"},
@@ -74,7 +76,7 @@ def released(world: World) -> None:
 
 def test_r24_every_schema_version_has_one_numbered_step() -> None:
     assert [s.version for s in STEPS] == list(range(2, SCHEMA_VERSION + 1))
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
 
 
 def test_r24_golden_v0_store_is_refused_until_migrated_and_audit_reads_it(
@@ -97,7 +99,7 @@ def test_r24_golden_v0_store_is_refused_until_migrated_and_audit_reads_it(
         code, error = cli_json("--db", url, *args)
         assert (code, error["error"]) == (5, "MIGRATION_REQUIRED"), (args, error)
         assert "catalog-ledger migrate" in error["message"], args
-        assert error["details"]["found"] == 1 and error["details"]["expected"] == 2
+        assert error["details"]["found"] == 1 and error["details"]["expected"] == 3
     # The read-only audit commands read every schema version this release knows.
     code, report = cli_json("--db", url, "audit", "verify")
     assert code == 0 and report["root"] == EXPECTED["audit_verify"]["root"]
@@ -113,7 +115,7 @@ def test_r24_golden_v0_store_is_refused_until_migrated_and_audit_reads_it(
     assert doctor["differences"] == [
         {
             "object": "schema version",
-            "expected": "2",
+            "expected": "3",
             "found": "1 (run `catalog-ledger migrate`)",
             "safe": False,
         },
@@ -154,15 +156,15 @@ def test_r24_migrating_the_golden_v0_store_keeps_its_root_log_and_views(
     url = f"sqlite:///{golden_copy}"
     before = _sha(golden_copy)
     dry = cli_json("--db", url, "migrate", "--dry-run")
-    assert dry == (0, {"from": 1, "to": 2, "applied": [STEP_2], "dry_run": True})
+    assert dry == (0, {"from": 1, "to": 3, "applied": [STEP_2, STEP_3], "dry_run": True})
     assert _sha(golden_copy) == before  # a dry run changes nothing
     assert cli_json("--db", url, "migrate") == (
         0,
-        {"from": 1, "to": 2, "applied": [STEP_2], "dry_run": False},
+        {"from": 1, "to": 3, "applied": [STEP_2, STEP_3], "dry_run": False},
     )
     assert cli_json("--db", url, "migrate") == (
         0,
-        {"from": 2, "to": 2, "applied": [], "dry_run": False},
+        {"from": 3, "to": 3, "applied": [], "dry_run": False},
     )
     code, report = cli_json("--db", url, "audit", "verify")
     want = EXPECTED["audit_verify"]
@@ -188,7 +190,7 @@ def test_r24_migrate_on_each_engine_keeps_every_event_byte(world: World) -> None
     assert (code, error["error"]) == (5, "MIGRATION_REQUIRED")
     code, audit_before = cli_json("--db", world.url, "audit", "verify")
     assert code == 0
-    assert cli_json("--db", world.url, "migrate")[1]["applied"] == [STEP_2]
+    assert cli_json("--db", world.url, "migrate")[1]["applied"] == [STEP_2, STEP_3]
     tables = world.tables()
     assert tables["ledger_events"] == events_before
     assert "ledger_lease" in tables
@@ -226,11 +228,11 @@ def test_r24_many_processes_migrating_at_once_apply_each_step_once(world: World)
     for t in threads:
         t.join(60)
     assert errors == []
-    assert sorted(len(r["applied"]) for r in results) == [0, 0, 0, 1]
+    assert sorted(len(r["applied"]) for r in results) == [0, 0, 0, 2]
     assert cli_json("--db", world.url, "doctor") == (0, {"ok": True, "differences": []})
 
 
-@pytest.mark.parametrize("stored", [b"3", b"0", b"two"])
+@pytest.mark.parametrize("stored", [b"4", b"0", b"two"])
 def test_r24_migrate_refuses_to_downgrade_or_guess(world: World, stored: bytes) -> None:
     released(world)
     with world.db.write() as conn:
@@ -247,7 +249,7 @@ def test_r24_migrate_refuses_to_downgrade_or_guess(world: World, stored: bytes) 
             if not stored.isdigit()
             else f"schema version {stored.decode()!r}"
             if args[0] == "migrate"
-            else f"schema version: expected 2, found {stored.decode()}"
+            else f"schema version: expected 3, found {stored.decode()}"
         )
         assert named in error["message"], (args, error)
     assert world.tables() == before

@@ -56,7 +56,7 @@ def bump_schema_version(world: World) -> None:
     with world.db.write() as conn:
         conn.execute(
             sa.text("UPDATE ledger_meta SET value = :v WHERE name = :n"),
-            {"v": b"3", "n": b"schema_version"},
+            {"v": b"4", "n": b"schema_version"},
         )
 
 
