@@ -145,6 +145,7 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.auth_required = auth
+    app.state.service = state  # what the routes share (tests read its caches' counters)
     # Request metrics by route template and outcome; store gauges computed per scrape.
     metrics = HttpMetrics(StoreCollector(lambda: state.ledger), multiprocess_dir=multiprocess_dir())
 

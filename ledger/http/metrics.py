@@ -14,8 +14,14 @@ Two kinds of metric:
   step): ``catalog_ledger_log_head_position``, ``catalog_ledger_catalog_revision``,
   ``catalog_ledger_projection_lag_events{view}``,
   ``catalog_ledger_projection_stopped{view}``, ``catalog_ledger_lease_epoch``
-  and ``catalog_ledger_store_up`` (0 when the store could not be read; the
-  other store gauges are then absent rather than wrong).
+  ``catalog_ledger_store_up`` (0 when the store could not be read; the
+  other store gauges are then absent rather than wrong) and
+  ``catalog_ledger_checkpoint_age_seconds``: the age of the stored cosigned checkpoint
+  of the catalog log (R29), from its *oldest* cosignature. Every stored cosignature
+  comes from one collector run that stored only because at least the policy's
+  threshold cosigned, so the oldest is never newer than the threshold-th newest the
+  clients use: the gauge never under-states their view. Clients go STALE when it
+  passes their ``max_age_seconds``: alert well before (absent: nothing stored yet).
 
 With ``serve --workers N`` each worker process counts its own requests into
 prometheus-client's multiprocess files (``PROMETHEUS_MULTIPROC_DIR``, a
@@ -38,6 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from domain.errors import Missing
 from ledger.http.settings import MULTIPROC_ENV
+from ledger.store.catalog_log import cosignature_times, query_checkpoint
 from ledger.store.replica import replication
 from projections.reader import CatalogReader
 
@@ -63,7 +70,7 @@ class StoreCollector:
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
-        up, head, revision, lag, stopped, epoch, running, behind = families
+        up, head, revision, lag, stopped, epoch, age, running, behind = families
         ledger = self._ledger()
         if ledger is None:
             up.add_metric([], 0)
@@ -77,6 +84,7 @@ class StoreCollector:
             with ledger.snapshot() as repository:
                 lease = repository.lease(WRITER_LEASE)
             replica = replication(ledger.db)
+            cosigned = _checkpoint_times(ledger)
         except Exception:  # the store is down: say so, never fail the scrape
             up.add_metric([], 0)
             return [up]
@@ -88,8 +96,10 @@ class StoreCollector:
                 lag.add_metric([view["name"]], view["lag"])
             stopped.add_metric([view["name"]], 0 if view.get("state") == "running" else 1)
         epoch.add_metric([], 0 if lease is None else lease.epoch)
+        if cosigned:
+            age.add_metric([], max(0.0, time.time() - min(cosigned)))
         if replica is None:  # not a replica: no replication gauges
-            return families[:6]
+            return families[:7]
         running.add_metric([], 1 if replica["io_running"] and replica["sql_running"] else 0)
         if replica["seconds_behind_primary"] is not None:
             behind.add_metric([], replica["seconds_behind_primary"])
@@ -120,6 +130,11 @@ class StoreCollector:
                 "catalog_ledger_lease_epoch", "Epoch of the writer lease (acquisitions and breaks)."
             ),
             GaugeMetricFamily(
+                "catalog_ledger_checkpoint_age_seconds",
+                "Age of the stored cosigned catalog-log checkpoint, from its oldest "
+                "cosignature: clients go STALE past their max_age_seconds (R29).",
+            ),
+            GaugeMetricFamily(
                 "catalog_ledger_replication_running",
                 "On a replica: 1 when both replication threads run, 0 when paused or failed.",
             ),
@@ -128,6 +143,14 @@ class StoreCollector:
                 "On a replica: seconds behind its primary (absent while replication is stopped).",
             ),
         ]
+
+
+def _checkpoint_times(ledger: Any) -> list[int]:
+    """The cosignature times of the stored catalog-log checkpoint (none: nothing stored)."""
+    from ledger.api import catalog_origin
+
+    stored = query_checkpoint(ledger.db, catalog_origin(ledger))
+    return [] if stored is None else cosignature_times(stored.note)
 
 
 class HttpMetrics:

@@ -42,6 +42,36 @@ class Fact(BaseModel):
     fact_digest: str
 
 
+class RevisionEvent(BaseModel):
+    """The revision's ``catalog.published`` event as stored (its bytes give its id)."""
+
+    aggregate_id: str
+    version: int
+    topic: str
+    state_b64: str
+
+
+class Consistency(BaseModel):
+    from_size: int
+    proof: list[str]
+
+
+class Proof(BaseModel):
+    """The proof bundle (R29, LOG-FORMAT "Proof bundle"): present with ``proof=1``."""
+
+    format: int
+    #: The catalog log's checkpoint note: body, blank line, the log's signature line,
+    #: the witnesses' cosignature lines (C2SP signed-note, tlog-cosignature).
+    checkpoint: str
+    revision_event: RevisionEvent
+    #: RFC 9162 inclusion proof of leaf ``revision - 1`` (base64 hashes).
+    inclusion: list[str]
+    #: The audience map proof of the audience's leaf: sibling hashes from the root down.
+    audience: list[str]
+    #: Only with ``since_size``: the RFC 9162 consistency proof from that size.
+    consistency: Consistency | None = None
+
+
 class View(BaseModel):
     audience: str
     revision: int
@@ -49,6 +79,7 @@ class View(BaseModel):
     audience_digest: str
     grants: list[Grant]
     facts: list[Fact]
+    proof: Proof | None = None
 
 
 class Head(BaseModel):
@@ -95,6 +126,15 @@ _WAIT_DOC = (
     "Watch: with `If-None-Match` matching the audience's current ETag, wait up to this "
     "many seconds for its own content to change (200 with the new view), else 304."
 )
+_PROOF_DOC = (
+    "1: add the proof bundle (`proof`, R29) tying the view to the cosigned checkpoint of "
+    "the catalog log; never a 304. 503 UNAVAILABLE `checkpoint_pending` while no stored "
+    "cosigned checkpoint covers the current revision."
+)
+_SINCE_DOC = (
+    "With proof=1: the catalog log size the client last accepted; adds the consistency "
+    "proof from it (at most the checkpoint's size, else 400 INVALID)."
+)
 _INM_DOC = (
     'ETags seen (`W/"<audience digest>"`) or `*`: 304 when the audience\'s content is '
     "unchanged, even when the revision moved."
@@ -110,6 +150,10 @@ VIEW_PARAMETERS: list[dict[str, Any]] = [
      "schema": {"type": "string", **_REVISION_SCHEMA}},
     {"name": "wait", "in": "query", "required": False, "description": _WAIT_DOC,
      "schema": {"type": "integer", "minimum": MIN_WAIT, "maximum": MAX_WAIT}},
+    {"name": "proof", "in": "query", "required": False, "description": _PROOF_DOC,
+     "schema": {"type": "string", "enum": ["0", "1"]}},
+    {"name": "since_size", "in": "query", "required": False, "description": _SINCE_DOC,
+     "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,17}$"}},
     {"name": "If-None-Match", "in": "header", "required": False, "description": _INM_DOC,
      "schema": {"type": "string"}},
 ]  # fmt: skip
@@ -133,6 +177,7 @@ VIEW_RESPONSES: dict[int | str, dict[str, Any]] = {
     **AUTH_ERRORS,
     503: {
         "model": ErrorBody,
-        "description": "UNAVAILABLE (too many waiters: `Retry-After`; the store is unreachable)",
+        "description": "UNAVAILABLE (too many waiters: `Retry-After`; the store is "
+        "unreachable; with proof=1: `checkpoint_pending`, `unprovable_revision`)",
     },
 }

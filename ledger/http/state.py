@@ -21,6 +21,7 @@ from ledger.store.replica import writable
 from projections.reader import CatalogReader
 
 if TYPE_CHECKING:
+    from ledger.http.proofs import ProofService
     from ledger.http.watch import WatchHub
     from ledger.store.runtime import Ledger
 
@@ -32,6 +33,10 @@ class ServiceState:
         self.ledger: Ledger | None = None
         self.catalog: CatalogReader | None = None
         self.gate: StateGate | None = None
+        #: Proof bundles (R29), made on the first ``proof=1`` read; on a networked store
+        #: the stored checkpoint is read through a gate of its own (``note_gate``).
+        self.proofs: ProofService | None = None
+        self.note_gate: StateGate | None = None
         self.watch: WatchHub | None = None
         #: False when this service writes nothing (read-only server or SELECT-only account).
         self.writes = False
@@ -63,6 +68,21 @@ class ServiceState:
         if gone is not None:  # never serve a store that is no longer there
             raise Unavailable(f"the store is unavailable: {gone}")
         return found
+
+    def proof_service(self) -> ProofService:
+        """The proof bundles of this service's store (made on first use)."""
+        if self.proofs is None:
+            from ledger.api import catalog_origin
+            from ledger.http.proofs import ProofService
+
+            self.reader()  # UNAVAILABLE without a store
+            ledger = self.ledger
+            assert ledger is not None
+            proofs = ProofService(ledger, lambda: catalog_origin(ledger))
+            if not ledger.db.is_sqlite:
+                self.note_gate = StateGate(proofs.stored)
+            self.proofs = proofs
+        return self.proofs
 
     def watch_hub(self) -> WatchHub:
         if self.watch is None:

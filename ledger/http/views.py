@@ -9,6 +9,7 @@ waits for the audience's own content to change (``ledger.http.watch``). ``GET`` 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -27,6 +28,7 @@ from domain.served import AudienceView
 from ledger.http.caller import authenticated
 from ledger.http.errors import error_response, internal_error
 from ledger.http.models import AUTH_ERRORS, VIEW_PARAMETERS, VIEW_PATH, VIEW_RESPONSES, Head, View
+from ledger.http.proofs import parse_proof, parse_since_size
 from ledger.http.state import ServiceState
 from ledger.http.watch import MAX_WAIT, MIN_WAIT, confirms
 from projections.reader import parse_audience, parse_revision
@@ -59,6 +61,10 @@ def add_read_routes(app: FastAPI, state: ServiceState) -> None:
         query = request.query_params if request.scope["query_string"] else _NO_QUERY
         min_revision = parse_revision(query.get("min_revision"))
         wait = parse_wait(query.get("wait"))
+        proof = parse_proof(query.get("proof"))
+        since = parse_since_size(query.get("since_size"), proof)
+        if proof:
+            return await proven_view(target, min_revision, since)
         etags = _etags(_header(request.scope, b"if-none-match"))
         found, seen = await read_view(target, min_revision)
         if wait is not None and etags and confirms(found, etags):
@@ -102,6 +108,31 @@ def add_read_routes(app: FastAPI, state: ServiceState) -> None:
         return await anyio.to_thread.run_sync(
             partial(catalog.view_at, audience, min_revision=min_revision)
         )
+
+    async def proven_view(
+        audience: Audience, min_revision: int | None, since: int | None
+    ) -> Response:
+        """The view with its proof bundle (R29, ``ledger.http.proofs``): the stored
+        checkpoint is read first, so a view newer than it is ``checkpoint_pending``;
+        never a 304."""
+        proofs = state.proof_service()
+        gate = state.note_gate
+        if gate is None:
+            stored = proofs.stored()
+            found, _ = await read_view(audience, min_revision)
+            body = proofs.body(found, stored, since)
+            return _Prepared(200, _proof_headers(body), body)
+        pending = asyncio.ensure_future(gate.current())  # alongside the view's state read
+        try:
+            found, _ = await read_view(audience, min_revision)
+        except BaseException:
+            pending.cancel()
+            raise
+        stored = await pending
+        cached = proofs.cached(found, stored, since)
+        if cached is None:
+            cached = await anyio.to_thread.run_sync(partial(proofs.body, found, stored, since))
+        return _Prepared(200, _proof_headers(cached), cached)
 
     @app.get(
         "/v1/catalog/head",
@@ -168,6 +199,15 @@ class _Prepared(Response):
         self.raw_headers = headers
         self.body = body
         self.background = None
+
+
+def _proof_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    """The headers of a view with its proof bundle (no ETag: a bundle is never a 304)."""
+    return [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"),
+    ]
 
 
 #: Header blocks by verified view (the reader's cache keeps serving the same objects).
