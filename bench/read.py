@@ -12,8 +12,18 @@ Prints p50/p99 latency, reads/s, the cache hit rate and the reader/raw p99 ratio
 warm (the reader's cache of verified views) and cold (none). HTTP under load is
 `bench.http`.
 
+Proven reads (R29): `catalog-ledger serve --no-auth` (one worker) on loopback, with a
+catalog-log checkpoint stored as `catalog-ledger cosign` stores it (signed by a fresh
+log key, cosigned by three fresh witness keys). ``--http-workers`` client threads, each
+with its own keep-alive connection, read random audiences' views (``--http-audiences``):
+plain, then with ``?proof=1``, in alternating blocks after a warm-up that reads every
+audience both ways once (the steady state: verified views and bundles cached). Prints
+the p50/p99 of each and the proven/plain ratio of the medians of block p99s (issue 28:
+at most 2).
+
 Usage:
   python -m bench.read [--engines sqlite,mariadb] [--reads 5000] [--repeat 4]
+                       [--http-reads 4000] [--http-workers 4] [--http-audiences 200]
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -160,6 +171,125 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> Non
             target="<=1.5" if "warm" in figure else None,
         )
     db.close()
+    proven_reads(url, audiences[: args.http_audiences], engine, args)
+
+
+def store_cosigned_checkpoint(url: str) -> None:
+    """What one `catalog-ledger cosign` run stores, with three in-process witnesses
+    (C2SP tlog-cosignature ``cosignature/v1``) and a fresh log key."""
+    import base64
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from domain.notes import Checkpoint, SignerKey
+    from ledger.api import Store, catalog_origin
+    from ledger.audit.cosign import CosignPolicy, Witness, cosign
+
+    keys = {f"w{n}": Ed25519PrivateKey.generate() for n in range(3)}
+    witnesses = tuple(
+        Witness(name, key.public_key().public_bytes_raw(), f"http://{name}.invalid")
+        for name, key in keys.items()
+    )
+
+    def add_checkpoint(url: str, old: int, proof: Any, note: str) -> list[str]:
+        (witness,) = [w for w in witnesses if w.url == url]
+        body = Checkpoint.parse(note).text()
+        stamp = int(time.time())
+        signed = keys[witness.name].sign(f"cosignature/v1\ntime {stamp}\n{body}".encode())
+        raw = witness.key_id() + stamp.to_bytes(8, "big") + signed
+        return [f"\u2014 {witness.name} {base64.b64encode(raw).decode()}"]
+
+    signer = SignerKey.generate("bench-log")
+    with Store(url) as store:
+        origin = catalog_origin(store.ledger)
+        policy = CosignPolicy(origin, (signer.verifier,), witnesses, 2)
+        cosign(store.ledger, origin=origin, signer=signer, policy=policy,
+               add_checkpoint=add_checkpoint)  # fmt: skip
+
+
+def proven_reads(url: str, audiences: list[str], engine: str, args: argparse.Namespace) -> None:
+    """Plain against ``?proof=1`` view reads over HTTP (module docstring)."""
+    import threading
+    from urllib.parse import quote
+
+    import httpx
+
+    from bench.common import free_port, wait_http
+
+    store_cosigned_checkpoint(url)
+    port = free_port()
+    command = [CLI, "--db", url, "serve", "--no-auth", "--port", str(port),
+               "--log-level", "warning"]  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    paths = [f"/v1/audiences/integration/{quote(a, safe='')}/view" for a in audiences]
+    try:
+        wait_http(base)
+        clients = [httpx.Client(base_url=base, timeout=30) for _ in range(args.http_workers)]
+        for path in paths:  # warm-up: every audience both ways (the steady state)
+            for params in ({}, {"proof": "1"}):
+                answer = clients[0].get(path, params=params)
+                if answer.status_code != 200:
+                    raise SystemExit(f"{path} {params}: {answer.status_code} {answer.text}")
+
+        def block(params: dict[str, str]) -> list[float]:
+            per = args.http_reads // args.repeat // args.http_workers
+            out: list[float] = []
+            lock = threading.Lock()
+
+            def worker(http: httpx.Client, seed: int) -> None:
+                rng = random.Random(seed)
+                mine = []
+                for _ in range(per):
+                    path = rng.choice(paths)
+                    t = time.perf_counter()
+                    answer = http.get(path, params=params)
+                    mine.append(time.perf_counter() - t)
+                    if answer.status_code != 200:
+                        raise SystemExit(f"{path}: {answer.status_code}")
+                with lock:
+                    out.extend(mine)
+
+            threads = [threading.Thread(target=worker, args=(c, n)) for n, c in enumerate(clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return out
+
+        peers = {"plain": {}, "proven": {"proof": "1"}}
+        samples: dict[str, list[float]] = {name: [] for name in peers}
+        p99s: dict[str, list[float]] = {name: [] for name in peers}
+        for _ in range(args.repeat):  # alternating blocks: plain, proven, plain, ...
+            for name, params in peers.items():
+                got = block(params)
+                samples[name].extend(got)
+                p99s[name].append(percentile(got, 0.99))
+        for http in clients:
+            http.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    plain_p99, proven_p99 = (statistics.median(p99s[n]) * 1000 for n in peers)
+    print(f"  HTTP, {args.http_workers} client threads, one serve worker, "
+          f"{len(paths)} audiences:")  # fmt: skip
+    report("HTTP plain view", samples["plain"], sum(samples["plain"]))
+    report("HTTP proven view (?proof=1)", samples["proven"], sum(samples["proven"]))
+    print(
+        f"  ratio proven p99 / plain p99       {proven_p99 / plain_p99:7.2f}  "
+        "(median of block p99s)"
+    )
+    summary(
+        bench="read",
+        figure="proven read p99 (?proof=1)",
+        engine=engine,
+        workers=args.http_workers,
+        value=proven_p99,
+        unit="ms",
+        peer="plain read p99",
+        peer_value=plain_p99,
+        target="<=2",
+    )
 
 
 def main() -> None:
@@ -169,6 +299,9 @@ def main() -> None:
     parser.add_argument("--engines", default="sqlite,mariadb")
     parser.add_argument("--reads", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=4, help="Alternating blocks per reader.")
+    parser.add_argument("--http-reads", type=int, default=4000, help="Proven and plain, each.")
+    parser.add_argument("--http-workers", type=int, default=4, help="HTTP client threads.")
+    parser.add_argument("--http-audiences", type=int, default=200)
     parser.add_argument(
         "--mysql-url",
         default=DEFAULT_MYSQL,
