@@ -1657,9 +1657,30 @@ def served(stage: Stage) -> Iterator[tuple[Stage, ServedStore]]:
 ERROR_STATUS = {400: "INVALID", 404: "MISSING", 405: "INVALID", 409: "STALE", 500: "INTEGRITY"}
 
 
+#: Why a ``proof=1`` read may be 503 UNAVAILABLE (R29): these stores have no cosigned
+#: checkpoint of the catalog log, so a proven read waits for the collector.
+PROOF_PENDING = {"checkpoint_pending", "unprovable_revision"}
+
+
+def _proof_pending(body: bytes) -> bool:
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return False
+    return (
+        isinstance(document, dict)
+        and document.get("error") == "UNAVAILABLE"
+        and isinstance(document.get("details"), dict)
+        and document["details"].get("reason") in PROOF_PENDING
+    )
+
+
 def check_http(method: str, status: int, body: bytes, what: str) -> str:
-    """No 5xx but a 500 INTEGRITY; every error in the DESIGN shape, typed, INVALID with a
-    field. Returns the status as a tally key."""
+    """No 5xx but a 500 INTEGRITY (and the 503 of a proven read no cosigned checkpoint
+    covers yet); every error in the DESIGN shape, typed, INVALID with a field. Returns
+    the status as a tally key."""
+    if status == 503 and "proof" in what and _proof_pending(body):
+        return "HTTP 503 UNAVAILABLE (proof pending)"
     assert status < 500 or status == 500, f"{what}: HTTP {status} {body[:500]!r}"
     if status in (200, 304) or method == "HEAD":
         return f"HTTP {status}"
