@@ -97,6 +97,7 @@ def test_r16_every_cli_command_has_its_api_method() -> None:
         "audit verify": Store.audit,
         "audit checkpoint": Store.checkpoint,
         "audit prove": Store.prove,
+        "cosign": Store.cosign,
         "projections status": Store.projections_status,
         "projections rebuild": Store.rebuild,
         "projections verify": Store.verify_projections,
