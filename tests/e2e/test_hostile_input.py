@@ -1369,7 +1369,8 @@ GRAMMAR: tuple[Command, ...] = (
     (("export",), (), {"--jsonl": "flag", "--out": "out"}),
     (("import",), (), {"--jsonl": "path", "--workers": "number", "--legacy-no-trailer": "flag"}),
     (("pack", "hash"), ("path", "text"), {}),
-    (("audit", "checkpoint"), (), {"--sign": "path"}),
+    (("audit", "checkpoint"), (), {"--sign": "path", "--log": "text"}),
+    (("cosign",), (), {"--sign": "path", "--policy": "path"}),
     (
         ("audit", "prove"),
         (),
