@@ -17,7 +17,7 @@ INTEGRITY naming ``view_audience_map``). A view whose revision no stored checkpo
 covers yet is UNAVAILABLE ``checkpoint_pending``; a revision of schema v1 (no audience
 map) is UNAVAILABLE ``unprovable_revision``.
 
-Caches: bundles by (stored note, audience), an LRU of ``BUNDLES`` entries (a few
+Caches: bundles by (stored checkpoint row, audience), an LRU of ``BUNDLES`` entries (a few
 kilobytes each: at most about 16 MB); consistency proofs by (size, root, since_size),
 an LRU of ``CONSISTENCIES``; the stored note itself, on SQLite, while the file's
 ``data_version`` is unchanged (no commit by anyone since: one pragma per read).
@@ -102,7 +102,7 @@ class ProofService:
         self._origin = origin
         self._origin_text: str | None = None
         self._lock = threading.Lock()
-        self._bundles: OrderedDict[tuple[str, str], tuple[str, bytes]] = OrderedDict()
+        self._bundles: OrderedDict[tuple[StoredCheckpoint, str], tuple[str, bytes]] = OrderedDict()
         self._consistency: OrderedDict[tuple[int, bytes, int], bytes] = OrderedDict()
         self._memo = threading.local()
         #: Bundles served from the cache, and bundles built (tests, the benchmark).
@@ -136,10 +136,10 @@ class ProofService:
         if stored is None or stored.size != view.revision:
             raise _pending(view.revision, stored)
         with self._lock:
-            found = self._bundles.get((stored.note, view.audience))
+            found = self._bundles.get((stored, view.audience))
             if found is None or found[0] != view.audience_digest:
                 return None
-            self._bundles.move_to_end((stored.note, view.audience))
+            self._bundles.move_to_end((stored, view.audience))
         tail = self._consistency_member(stored, since)
         if tail is None:
             return None
@@ -155,8 +155,8 @@ class ProofService:
         self.misses += 1
         proof = self._build(view, stored)
         with self._lock:
-            self._bundles[(stored.note, view.audience)] = (view.audience_digest, proof)
-            self._bundles.move_to_end((stored.note, view.audience))
+            self._bundles[(stored, view.audience)] = (view.audience_digest, proof)
+            self._bundles.move_to_end((stored, view.audience))
             while len(self._bundles) > BUNDLES:
                 self._bundles.popitem(last=False)
         tail = self._consistency_member(stored, since)
