@@ -177,27 +177,15 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> Non
 def store_cosigned_checkpoint(url: str) -> None:
     """What one `catalog-ledger cosign` run stores, with three in-process witnesses
     (C2SP tlog-cosignature ``cosignature/v1``) and a fresh log key."""
-    import base64
-
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from domain.notes import Checkpoint, SignerKey
+    from domain.notes import Checkpoint, SignerKey, WitnessSigner
     from ledger.api import Store, catalog_origin
     from ledger.audit.cosign import CosignPolicy, Witness, cosign
 
-    keys = {f"w{n}": Ed25519PrivateKey.generate() for n in range(3)}
-    witnesses = tuple(
-        Witness(name, key.public_key().public_bytes_raw(), f"http://{name}.invalid")
-        for name, key in keys.items()
-    )
+    keys = {f"http://w{n}.invalid": WitnessSigner.generate(f"w{n}") for n in range(3)}
+    witnesses = tuple(Witness(key.verifier, url) for url, key in keys.items())
 
-    def add_checkpoint(url: str, old: int, proof: Any, note: str) -> list[str]:
-        (witness,) = [w for w in witnesses if w.url == url]
-        body = Checkpoint.parse(note).text()
-        stamp = int(time.time())
-        signed = keys[witness.name].sign(f"cosignature/v1\ntime {stamp}\n{body}".encode())
-        raw = witness.key_id() + stamp.to_bytes(8, "big") + signed
-        return [f"\u2014 {witness.name} {base64.b64encode(raw).decode()}"]
+    def add_checkpoint(url: str, note: str, old: int, proof: Any) -> list[str]:
+        return [keys[url].cosign(Checkpoint.parse(note).text(), int(time.time()))]
 
     signer = SignerKey.generate("bench-log")
     with Store(url) as store:

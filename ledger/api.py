@@ -457,10 +457,18 @@ class Store:
         clock: Callable[[], float] | None = None,
     ) -> CosignResult:
         """Sign the catalog log's checkpoint, have the policy's witnesses cosign it and
-        store it when ``threshold`` did (``ledger.audit.cosign``); else UNAVAILABLE."""
+        store it when ``threshold`` did (``ledger.audit.cosign``); else UNAVAILABLE. The
+        witnesses are reached with C2SP tlog-witness (``ledger.witness.submit``) unless
+        ``add_checkpoint`` is given."""
         import time
 
         from ledger.audit import operations as audit_operations
+
+        if add_checkpoint is None:
+            from ledger.witness.submit import add_checkpoint as submit
+
+            def add_checkpoint(url: str, note: str, old: int, proof: Sequence[bytes]) -> list[str]:
+                return submit(url, note, old, proof)
 
         return audit_operations.cosign(
             self.ledger,

@@ -19,25 +19,21 @@
 
 Re-running it with an unchanged catalog re-cosigns the same size: the witnesses' fresh
 timestamps are what a client's freshness rests on. The witnesses are reached through an
-``AddCheckpoint`` callable (``ledger.witness.submit.add_checkpoint`` in production).
+``AddCheckpoint`` callable (``ledger.witness.submit.add_checkpoint``, which the API
+passes).
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-from domain.errors import InvalidInput, LedgerError, Unavailable
-from domain.notes import SignerKey, VerifierKey
+from domain.errors import Conflict, IntegrityFailure, InvalidInput, LedgerError, Unavailable
+from domain.notes import NoteSignature, SignerKey, VerifierKey, WitnessKey, add_cosignatures
 from ledger.store.catalog_log import (
     CatalogLog,
     StoredCheckpoint,
@@ -47,57 +43,35 @@ from ledger.store.catalog_log import (
 from ledger.store.runtime import Ledger
 
 LOG = logging.getLogger("catalog_ledger.cosign")
-_DASH = "\u2014"
-_COSIGNATURE = b"\x04"
 
-
-class WitnessConflict(Exception):
-    """A witness answered 409: it knows another size of this log than the one stated."""
-
-    def __init__(self, known_size: int) -> None:
-        super().__init__(f"the witness knows size {known_size}")
-        self.known_size = known_size
-
-
-#: ``add_checkpoint(url, old_size, consistency_proof, signed_note)`` -> the witness's
-#: cosignature lines (C2SP tlog-witness). Raises ``WitnessConflict`` on 409 and a
-#: ``LedgerError`` (or ``OSError``) on any other failure.
-AddCheckpoint = Callable[[str, int, Sequence[bytes], str], Sequence[str]]
-
-
-# -- the policy's fields the collector needs (TO BE FOLDED into domain.bundle.TrustPolicy) --
+#: ``add_checkpoint(url, signed_note, old_size, consistency_proof)`` -> the witness's
+#: cosignature lines (C2SP tlog-witness; ``ledger.witness.submit.add_checkpoint``).
+#: Raises ``Conflict`` with ``details["known_size"]`` on 409, and a ``LedgerError`` (or
+#: ``OSError``) on any other failure.
+AddCheckpoint = Callable[[str, str, int, Sequence[bytes]], Sequence[str]]
 
 
 @dataclass(frozen=True)
 class Witness:
-    name: str
-    public: bytes
+    key: WitnessKey
     url: str
 
-    def key_id(self) -> bytes:
-        return hashlib.sha256(self.name.encode() + b"\n" + _COSIGNATURE + self.public).digest()[:4]
+    @property
+    def name(self) -> str:
+        return self.key.name
 
     def valid_lines(self, body: str, lines: Sequence[str]) -> list[str]:
-        """The ``cosignature/v1`` lines among ``lines`` by this witness that verify over
-        the checkpoint ``body`` (tlog-cosignature); others are dropped."""
-        public = Ed25519PublicKey.from_public_bytes(self.public)
+        """The ``cosignature/v1`` lines among ``lines`` by this witness's key that verify
+        over the checkpoint ``body`` (tlog-cosignature); any other line is dropped."""
         found: list[str] = []
         for line in lines:
-            parts = line.split(" ")
-            if len(parts) != 3 or parts[0] != _DASH or parts[1] != self.name:
-                continue
             try:
-                raw = base64.b64decode(parts[2], validate=True)
-            except (binascii.Error, ValueError):
+                signature = NoteSignature.parse_line(line, field="cosignature")
+                if self.key.signed(signature):
+                    self.key.verify(body, signature)
+                    found.append(signature.line())
+            except (InvalidInput, IntegrityFailure):
                 continue
-            if len(raw) != 76 or raw[:4] != self.key_id():
-                continue
-            timestamp = int.from_bytes(raw[4:12], "big")
-            try:
-                public.verify(raw[12:], f"cosignature/v1\ntime {timestamp}\n{body}".encode())
-            except InvalidSignature:
-                continue
-            found.append(line)
         return found
 
 
@@ -128,7 +102,7 @@ def parse_policy(document: object) -> CosignPolicy:
     if not isinstance(items, list) or not items:
         raise InvalidInput("witnesses must be a non-empty list", field="witnesses")
     witnesses = [_witness(item, f"witnesses[{n}]") for n, item in enumerate(items)]
-    if len({w.public for w in witnesses}) != len(witnesses):
+    if len({w.key.public for w in witnesses}) != len(witnesses):
         raise InvalidInput("a witness key is listed twice", field="witnesses")
     threshold = document.get("threshold")
     if type(threshold) is not int or not 1 <= threshold <= len(witnesses):
@@ -144,19 +118,10 @@ def _witness(item: object, at: str) -> Witness:
     text, url = item.get("key"), item.get("url")
     if not isinstance(text, str):
         raise InvalidInput(f"{at}.key must be a witness key", field=f"{at}.key")
-    parts = text.strip().split("+", 2)
-    try:
-        raw = base64.b64decode(parts[2], validate=True) if len(parts) == 3 else b""
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 33 or raw[:1] != _COSIGNATURE or not parts[0] or " " in parts[0]:
-        raise InvalidInput(f"{at}.key is not a cosignature/v1 key", field=f"{at}.key")
-    witness = Witness(parts[0], raw[1:], url if isinstance(url, str) else "")
-    if witness.key_id().hex() != parts[1].lower():
-        raise InvalidInput(f"{at}.key: the key id does not match the key", field=f"{at}.key")
+    key = WitnessKey.parse(text, field=f"{at}.key")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise InvalidInput(f"{at}.url: the collector needs the witness's URL", field=f"{at}.url")
-    return witness
+    return Witness(key, url)
 
 
 # -- one collector run -------------------------------------------------------------------
@@ -212,7 +177,7 @@ def cosign(
     for witness in policy.witnesses:
         try:
             answer = _submit(add_checkpoint, witness, log, known, size, signed)
-        except (LedgerError, OSError, WitnessConflict) as exc:
+        except (LedgerError, OSError) as exc:
             failed[witness.name] = str(getattr(exc, "message", exc))
             continue
         valid = witness.valid_lines(body, answer)
@@ -242,7 +207,7 @@ def cosign(
             cosigned=cosigned,
             threshold=policy.threshold,
         )
-    note = signed + "".join(line + "\n" for line in lines)
+    note = add_cosignatures(signed, lines)
     store_checkpoint(
         ledger.db,
         StoredCheckpoint(origin, size, checkpoint.root, note, int(clock() * 1_000_000)),
@@ -274,16 +239,15 @@ def _submit(
     more from the size the witness says it has (if the log has it: a larger one means the
     witness saw a tree this log does not extend, which no retry fixes)."""
     try:
-        return add_checkpoint(witness.url, known, _proof(log, known, size), signed)
-    except WitnessConflict as conflict:
-        if not 0 <= conflict.known_size <= size:
+        return add_checkpoint(witness.url, signed, known, _proof(log, known, size))
+    except Conflict as conflict:
+        other = conflict.details.get("known_size")
+        if type(other) is not int or not 0 <= other <= size:
             raise Unavailable(
-                f"the witness knows size {conflict.known_size}, larger than the catalog "
-                f"log's {size}: it cosigned a tree this log does not extend"
+                f"the witness knows size {other}, not one of the catalog log's {size}: it "
+                "cosigned a tree this log does not extend (a restore, a rollback)"
             ) from None
-        return add_checkpoint(
-            witness.url, conflict.known_size, _proof(log, conflict.known_size, size), signed
-        )
+        return add_checkpoint(witness.url, signed, other, _proof(log, other, size))
 
 
 def _proof(log: CatalogLog, old: int, size: int) -> list[bytes]:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from domain.errors import IntegrityFailure, InvalidInput, Unavailable, UsageError
+from domain.errors import IntegrityFailure, InvalidInput, UsageError
 from ledger.audit.results import KeygenResult
 
 if TYPE_CHECKING:
@@ -159,13 +159,11 @@ def cosign(
     *,
     sign: Path,
     policy: Path,
-    add_checkpoint: AddCheckpoint | None,
+    add_checkpoint: AddCheckpoint,
     clock: Callable[[], float],
 ) -> CosignResult:
     """``catalog-ledger cosign`` (``ledger.audit.cosign``): the key and policy files read,
-    the witnesses reached through ``add_checkpoint`` (default: the tlog-witness client)."""
-    import importlib
-
+    the witnesses reached through ``add_checkpoint``."""
     from domain.canonical import parse_json
     from domain.notes import SignerKey
     from ledger.audit.cosign import check_policy, parse_policy
@@ -178,12 +176,6 @@ def cosign(
     parsed = parse_policy(document)
     origin = catalog_origin(origin_of(ledger))
     check_policy(parsed, origin, signer)
-    if add_checkpoint is None:
-        try:  # the tlog-witness client (branch ``witness``)
-            client = importlib.import_module("ledger.witness.submit")
-        except ModuleNotFoundError:
-            raise Unavailable("this build has no tlog-witness client") from None
-        add_checkpoint = client.add_checkpoint
     return collect(
         ledger,
         origin=origin,

@@ -1,11 +1,12 @@
 """In-process stand-ins for tlog-witnesses, for the collector's unit logic only (R29).
 
 The end-to-end tests run real witness processes (``catalog-ledger witness serve``); these
-fakes answer ``add_checkpoint(url, old_size, proof, note)`` as C2SP tlog-witness does:
-409 (``WitnessConflict``) when ``old_size`` is not the size they last cosigned, a
-consistency proof checked from it, and one ``cosignature/v1`` line (C2SP
-tlog-cosignature: key id with type byte 0x04, 8-byte big-endian timestamp, Ed25519 over
-``cosignature/v1\\ntime T\\n`` and the checkpoint body).
+fakes answer ``add_checkpoint(url, note, old_size, proof)`` as C2SP tlog-witness does:
+409 (``Conflict`` with ``known_size``, as ``ledger.witness.submit`` raises it) when
+``old_size`` is not the size they last cosigned, a consistency proof checked from it,
+and one ``cosignature/v1`` line (C2SP tlog-cosignature: key id with type byte 0x04,
+8-byte big-endian timestamp, Ed25519 over ``cosignature/v1\\ntime T\\n`` and the
+checkpoint body).
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from domain import merkle
-from domain.errors import Unavailable
+from domain.errors import Conflict, Unavailable
 from domain.notes import Checkpoint, SignerKey
-from ledger.audit.cosign import WitnessConflict
 
 
 class FakeWitness:
@@ -49,7 +49,7 @@ class FakeWitness:
         if self.down:
             raise Unavailable(f"{self.name} does not answer")
         if old != self.size:
-            raise WitnessConflict(self.size)
+            raise Conflict(f"{self.name} knows size {self.size}", known_size=self.size)
         cp = Checkpoint.parse(note)
         if 0 < old < cp.size:
             merkle.verify_consistency(old, cp.size, list(proof), self.root, cp.root)
@@ -68,7 +68,7 @@ class Witnesses:
         self.now = now
         self.all = [FakeWitness(f"w{n}", lambda: self.now[0]) for n in range(3)]
 
-    def add_checkpoint(self, url: str, old: int, proof: Sequence[bytes], note: str) -> list[str]:
+    def add_checkpoint(self, url: str, note: str, old: int, proof: Sequence[bytes]) -> list[str]:
         (witness,) = [w for w in self.all if w.url == url]
         return witness.add(old, proof, note)
 

@@ -96,6 +96,7 @@ ALLOWED_OURS = {
         "ledger.operations",
         "ledger.results",
         "ledger.sources",
+        "ledger.witness",  # the collector's tlog-witness client (R29)
         "projections",
     },
     # The runtime client speaks HTTP to a server; it shares only the pure domain (the
