@@ -1,0 +1,167 @@
+"""R29 end to end: ``catalog-ledger cosign`` against three real ``catalog-ledger witness
+serve`` processes on loopback (k = 2), then ``serve``'s proof bundle carries what they
+cosigned, on SQLite and MariaDB.
+
+One test per engine (the witnesses are configured with the store's own catalog origin,
+so they start for the store): the collector stores the note with the log's signature
+and three cosignatures that verify under the witnesses' keys; a proven read serves that
+note, its revision event the last leaf of the cosigned tree; after a publication the
+witnesses are asked from the size they cosigned (a consistency proof) and the client's
+``since_size`` proof verifies; with one witness down the threshold still holds (the
+failed one is named); with two down nothing is stored and the command exits UNAVAILABLE
+naming both.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from uuid import UUID
+
+import httpx
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+
+from domain import merkle
+from domain.digests import event_id
+from domain.notes import SignerKey, WitnessKey, verify_cosignatures
+from ledger.api import Store
+from ledger.http.app import create_app
+from tests.support.cli_inprocess import cli_json
+from tests.support.cli_support import SCRIPT, free_port
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World
+
+PATH = "/v1/audiences/integration/a/view"
+W0, W1, W2 = (f"witness.example/w{n}" for n in range(3))
+
+
+def publish(world: World, version: int) -> None:
+    world.service.apply(
+        world.manifest(
+            [world.official("sales", world.commit("sales", version))],
+            push_closure("integration:a", "sales"),
+        )
+    )
+
+
+class Witness:
+    def __init__(self, folder: Path, name: str, origin: str, log_key: str) -> None:
+        self.folder, self.name = folder, name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        code, document = cli_json(
+            "witness", "keygen", f"witness.example/{name}", "--out", str(folder / name)
+        )
+        assert code == 0, document
+        self.key = WitnessKey.parse(document["verifier_key"])
+        self.proc = subprocess.Popen(
+            [str(SCRIPT), "witness", "serve", "--db", str(folder / f"{name}.db"),
+             "--key", str(folder / name), "--log", f"{origin}={log_key}",
+             "--listen", f"127.0.0.1:{self.port}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.stop()
+            try:
+                httpx.get(f"{self.url}/nothing", timeout=2)
+                return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise AssertionError(f"witness {self.name} did not start")
+
+    def stop(self) -> str:
+        if self.proc.returncode is None:
+            self.proc.terminate()
+        _, err = self.proc.communicate(timeout=30)
+        return err.decode(errors="replace")
+
+
+@pytest.fixture
+def witnessed(world: World, tmp_path: Path) -> Iterator[tuple[World, list[Witness], Path, Path]]:
+    publish(world, 1)
+    signer = SignerKey.generate("log")
+    key = tmp_path / "log.key"
+    key.write_text(signer.text() + "\n", encoding="utf-8")
+    origin = cli_json("--db", world.url, "audit", "checkpoint", "--log", "catalog")[1]["origin"]
+    group = [Witness(tmp_path, f"w{n}", origin, signer.verifier.text()) for n in range(3)]
+    try:
+        for witness in group:
+            witness.wait_ready()
+        policy = tmp_path / "policy.json"
+        policy.write_text(
+            json.dumps(
+                {
+                    "origin": origin,
+                    "log_keys": [signer.verifier.text()],
+                    "witnesses": [{"key": w.key.text(), "url": w.url} for w in group],
+                    "threshold": 2,
+                    "max_age_seconds": 3600,
+                }
+            ),
+            encoding="utf-8",
+        )
+        yield world, group, key, policy
+    finally:
+        for witness in group:
+            err = witness.stop()
+            assert "Traceback" not in err, err
+
+
+def stored_note(world: World) -> str | None:
+    with world.db.read() as conn:
+        row = conn.exec_driver_sql("SELECT note FROM ledger_checkpoint").first()
+    return None if row is None else bytes(row[0]).decode()
+
+
+def test_r29_cosign_with_real_witnesses_feeds_the_proof_bundle(
+    witnessed: tuple[World, list[Witness], Path, Path],
+) -> None:
+    world, group, key, policy = witnessed
+    cosign = ("--db", world.url, "cosign", "--sign", str(key), "--policy", str(policy))
+    code, first = cli_json(*cosign)
+    assert code == 0, first
+    assert (first["size"], first["cosigned"], first["failed"]) == (1, [W0, W1, W2], {})
+    keys = [w.key for w in group]
+    assert len(verify_cosignatures(first["note"], keys)) == 3
+    assert SignerKey.parse(key.read_text()).verifier.verify(first["note"]).size == 1
+    with TestClient(create_app(Store(world.url).opener(), auth=False)) as client:
+        proof = client.get(PATH, params={"proof": "1"}).json()["proof"]
+        assert proof["checkpoint"] == first["note"] == stored_note(world)
+        event = proof["revision_event"]
+        leaf = event_id(UUID(event["aggregate_id"]).bytes, event["version"],
+                        event["topic"].encode(), base64.b64decode(event["state_b64"]))  # fmt: skip
+        root1 = base64.b64decode(first["root"])
+        merkle.verify_inclusion(0, 1, merkle.leaf_hash(leaf), [], root1)
+        # A publication: each witness is asked from size 1 with a consistency proof.
+        publish(world, 2)
+        code, second = cli_json(*cosign)
+        assert (code, second["size"], second["cosigned"]) == (0, 2, [W0, W1, W2])
+        answer = client.get(PATH, params={"proof": "1", "since_size": "1"}).json()
+        state = orjson.loads(base64.b64decode(answer["proof"]["revision_event"]["state_b64"]))
+        assert state["revision"] == answer["revision"] == 2
+        merkle.verify_consistency(
+            1, 2, [base64.b64decode(h) for h in answer["proof"]["consistency"]["proof"]],
+            root1, base64.b64decode(second["root"]),
+        )  # fmt: skip
+    # One witness down: two still cosign (k = 2), the failed one is named.
+    group[0].stop()
+    code, third = cli_json(*cosign)
+    assert (code, third["cosigned"], list(third["failed"])) == (0, [W1, W2], [W0])
+    assert len(verify_cosignatures(third["note"], keys)) == 2
+    # Two down: nothing stored, UNAVAILABLE naming both.
+    group[1].stop()
+    kept = stored_note(world)
+    code, error = cli_json(*cosign)
+    assert (code, error["error"]) == (1, "UNAVAILABLE")
+    assert sorted(error["details"]["failed"]) == [W0, W1]
+    assert stored_note(world) == kept == third["note"]
