@@ -7,13 +7,16 @@ Each piece of a served bundle is checked here with the pure functions a client u
 ``domain.audience_map``), not with the client's verifier: the served view's digest leads
 through the audience map to the revision event's ``audiences_root``; that event's id is
 the last leaf of the cosigned checkpoint's tree; ``since_size`` adds a consistency proof
-that verifies from the older root. The cache, ``checkpoint_pending``, the bad inputs, a
-tampered stored checkpoint or map node (INTEGRITY, never served) and the age gauge too.
+that verifies from the older root. The reference verifier (``tests/support``, written
+from LOG-FORMAT and the C2SP specs alone) accepts the served bundles too. The cache,
+``checkpoint_pending``, the bad inputs, a tampered stored checkpoint or map node
+(INTEGRITY, never served) and the age gauge too.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ from domain.digests import event_id
 from domain.notes import Checkpoint, SignerKey
 from ledger.api import Store, open_store
 from ledger.http.app import create_app
+from tests.support import reference_verifier as reference
 from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World
 from tests.support.witness_fakes import Witnesses
@@ -121,6 +125,8 @@ def test_r29_a_proven_view_carries_a_bundle_that_verifies_piece_by_piece(
     plain = client.get(PATH).json()
     answer = client.get(PATH, params={"proof": "1"})
     assert answer.status_code == 200 and "etag" not in answer.headers
+    policy = json.loads(collector.policy.read_text())
+    kept = reference.verify_bundle(answer.json(), policy, None, collector.now[0] + 10)
     first_root = check_bundle(answer.json(), plain, collector.signer)
     # Cached per (stored note, audience): a second read builds nothing.
     proofs = client.app.state.service.proofs  # type: ignore[attr-defined]
@@ -140,6 +146,7 @@ def test_r29_a_proven_view_carries_a_bundle_that_verifies_piece_by_piece(
     collector.run()
     plain = client.get(PATH).json()
     answer = client.get(PATH, params={"proof": "1", "since_size": "1"}).json()
+    assert reference.verify_bundle(answer, policy, kept, collector.now[0] + 10)["size"] == 2
     consistency = answer["proof"]["consistency"]
     root = check_bundle(answer, plain, collector.signer)
     assert consistency["from_size"] == 1

@@ -25,6 +25,8 @@ from domain.errors import Unavailable
 from domain.notes import Checkpoint, SignerKey
 from ledger.api import open_store
 from ledger.store.catalog_log import CatalogLog, cosignature_times
+from tests.support import reference_catalog_log as ref_log
+from tests.support import reference_verifier as ref_verifier
 from tests.support.cli_inprocess import cli_json
 from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World
@@ -60,7 +62,7 @@ def catalog_checkpoint(world: World) -> dict[str, Any]:
     return dict(document)
 
 
-def test_r29_catalog_log_is_every_revision_event_in_order(world: World) -> None:
+def test_r29_catalog_log_is_every_revision_event_in_order(world: World, tmp_path: Path) -> None:
     publish(world, 1)
     publish(world, 2, publish=False)  # applied, not published: no revision
     first = catalog_checkpoint(world)
@@ -75,6 +77,11 @@ def test_r29_catalog_log_is_every_revision_event_in_order(world: World) -> None:
     assert (document["size"], document["root"]) == (3, base64.b64encode(root).decode())
     assert Checkpoint.parse(document["note"]) == Checkpoint(document["origin"], 3, root)
     assert main["size"] > 3  # the main log holds every event, not only revisions
+    # And the reference, written from LOG-FORMAT alone, recomputes it from an export.
+    exported = tmp_path / "export.jsonl"
+    assert cli_json("--db", world.url, "export", "--jsonl", "--out", str(exported))[0] == 0
+    lines = exported.read_text(encoding="utf-8").splitlines()
+    assert ref_verifier.mth(ref_log.leaves(ref_log.records(lines))) == root
     # The store's log: same leaves, proofs that verify, a refresh that reads nothing new.
     log = CatalogLog(world.db)
     assert log.refresh() == 3 and log.refresh() == 3
