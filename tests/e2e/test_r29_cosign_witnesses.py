@@ -32,7 +32,7 @@ from domain.digests import event_id
 from domain.notes import SignerKey, WitnessKey, verify_cosignatures
 from ledger.api import Store
 from ledger.http.app import create_app
-from tests.support.cli_inprocess import cli_json
+from tests.support.cli_inprocess import cli, cli_json
 from tests.support.cli_support import SCRIPT, free_port
 from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World
@@ -161,7 +161,10 @@ def test_r29_cosign_with_real_witnesses_feeds_the_proof_bundle(
     # Two down: nothing stored, UNAVAILABLE naming both.
     group[1].stop()
     kept = stored_note(world)
-    code, error = cli_json(*cosign)
+    failed = cli("--log-format", "json", *cosign, "--json")
+    code, error = failed.code, json.loads(failed.stdout)
     assert (code, error["error"]) == (1, "UNAVAILABLE")
     assert sorted(error["details"]["failed"]) == [W0, W1]
+    (line,) = [json.loads(x) for x in failed.stderr.splitlines() if "not cosigned" in x]
+    assert (line["level"], line["cosigned"], line["threshold"]) == ("error", 1, 2)
     assert stored_note(world) == kept == third["note"]
