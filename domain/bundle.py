@@ -241,16 +241,30 @@ class Accepted:
     root: bytes
     revision: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, origin: str) -> dict[str, Any]:
+        """The state file's document: the state, kept for the log of ``origin``."""
         root = base64.b64encode(self.root).decode()
-        return {"size": self.size, "root": root, "revision": self.revision}
+        return {
+            "format": STATE_FORMAT,
+            "origin": origin,
+            "size": self.size,
+            "root": root,
+            "revision": self.revision,
+        }
 
     @classmethod
-    def from_json(cls, document: object) -> Accepted:
-        """The state a client kept; one that does not parse is INTEGRITY ``bad_state``
-        (never read as "no state": that would let a rollback through)."""
-        if not isinstance(document, dict):
-            raise _bad_state("the state is not a JSON object", "$")
+    def from_json(cls, document: object, origin: str) -> Accepted:
+        """The state a client kept for the log of ``origin``. One that does not parse, or
+        was kept for another origin, is INTEGRITY ``bad_state``, never read as "no state":
+        starting afresh would accept any head, a rollback included (whoever re-pins on
+        purpose removes the state)."""
+        if not isinstance(document, dict) or document.get("format") != STATE_FORMAT:
+            raise _bad_state(f"not a client state of format {STATE_FORMAT}", "$")
+        if document.get("origin") != origin:
+            raise _bad_state(
+                f"kept for {document.get('origin')!r}, not the pinned origin {origin!r}",
+                "origin",
+            )
         size, root, revision = (document.get(k) for k in ("size", "root", "revision"))
         if type(size) is not int or size < 1:
             raise _bad_state("size is not a positive integer", "size")
@@ -263,6 +277,10 @@ class Accepted:
         if len(raw) != 32:
             raise _bad_state("root is not a base64 32-byte hash", "root")
         return cls(size, raw, revision)
+
+
+#: The format of ``Accepted.to_json``'s document.
+STATE_FORMAT = 1
 
 
 def _bad_state(message: str, field: str) -> IntegrityFailure:

@@ -7,8 +7,9 @@ fields as the reader's) and raise the same typed errors (``Missing``, ``Stale``,
 ``InvalidInput``, ``IntegrityFailure``, ``Unauthenticated``, ``Unavailable``), built
 from the server's error body.
 
-It imports only the pure domain, httpx, orjson and blake3: a runtime needs none of the
-server stack (FastAPI, uvicorn, SQLAlchemy, eventsourcing, pydantic) to read its catalog.
+It imports only the pure domain, httpx, orjson, blake3 and cryptography: a runtime
+needs none of the server stack (FastAPI, uvicorn, SQLAlchemy, eventsourcing,
+pydantic) to read its catalog.
 
 **What it verifies**, on every 200, before the view is kept or returned (any failure is
 ``IntegrityFailure``, and that audience's cached view is dropped):
@@ -23,15 +24,33 @@ server stack (FastAPI, uvicorn, SQLAlchemy, eventsourcing, pydantic) to read its
 
 Only the fields verified are returned (a field the server adds is dropped).
 
-**What it takes on the server's word**: that the view is of the *current* revision
-(``revision`` and ``head()`` are not covered by any digest the client can check, and a
-304 confirms content, not currency); ``content_digest``, which covers every audience's
-view, so a client that sees only its own cannot recompute it (``AudienceView.
-content_digest_verified`` is ``False``); and that a proxy which recomputes every digest
-is honest. R29 (proof bundles over signed, witnessed checkpoints) closes both.
+**What it takes on the server's word**, without a trust policy: that the view is of
+the *current* revision (``revision`` and ``head()`` are not covered by any digest the
+client can check, and a 304 confirms content, not currency); ``content_digest``, which
+covers every audience's view, so a client that sees only its own cannot recompute it
+(``AudienceView.content_digest_verified`` is ``False``); and that a proxy which
+recomputes every digest is honest.
+
+**With a trust policy** (``trust=``, R29: the catalog log's origin, the log's keys, the
+witnesses' keys, a threshold k and a maximum age; ``load_trust`` reads one from a
+file), ``view()`` asks for a proof bundle (``?proof=1&since_size=<accepted size>``)
+and, after the checks above, verifies it offline (``domain.bundle.verify_bundle``): the
+view's digest is its audience's leaf of the revision's audience map, that revision is
+the last leaf of the catalog log, whose checkpoint the log signed and k pinned
+witnesses cosigned within the maximum age, and which extends, by a consistency proof,
+the largest one this client accepted. Only then is the view kept and returned, and
+that checkpoint's ``(size, root, revision)`` kept (``accepted``) — in memory and, with
+``state_file=``, in a file written atomically, read back by the next client (a file
+that does not parse is INTEGRITY, never a fresh start). A forged or re-digested view,
+another audience's, a bad signature, too few cosignatures or an inconsistent tree is
+``IntegrityFailure``; a head older than the one accepted (a lagging replica, a
+rollback) or cosigned longer ago than the maximum age (a frozen head) is ``Stale``.
+Either way nothing is kept for that audience and the accepted state does not move. So
+what remains on the server's word is ``content_digest`` alone (every audience's view).
 
 - **ETag cache**: the last verified view of each audience is kept with its weak ETag
-  and sent back as ``If-None-Match``; a 304 answers with the kept view.
+  and sent back as ``If-None-Match``; a 304 answers with the kept view. (A proven read
+  sends none: a 304 carries no bundle. ``watch``'s long polls still use it.)
 - **Fail closed**: after MISSING or INTEGRITY for an audience, its cached view is
   dropped; after 401 every cached view is (the credential is no longer good). None is
   ever returned in place of an error.
@@ -41,7 +60,9 @@ is honest. R29 (proof bundles over signed, witnessed checkpoints) closes both.
   UNAVAILABLE is raised. Nothing else is retried.
 - **Watch**: ``watch`` yields the current view, then long-polls
   (``?wait=SECONDS`` with ``If-None-Match``) and yields each time the audience's own
-  content changes; an error ends the iteration by raising it. It never spins: a poll
+  content changes; an error ends the iteration by raising it. With a trust policy each
+  poll is followed by a proven read, so every view yielded is verified and a head that
+  stops being re-cosigned ends the watch with STALE within one poll. It never spins: a poll
   that comes back with unchanged content sooner than ``watch_interval`` seconds (a
   proxy that drops ``If-None-Match`` or ``wait``) is followed by a pause until that
   interval has passed.
@@ -49,9 +70,12 @@ is honest. R29 (proof bundles over signed, witnessed checkpoints) closes both.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import ssl
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from email.utils import parsedate_to_datetime
@@ -70,6 +94,7 @@ except ModuleNotFoundError as missing:  # the server's dependencies do not inclu
     ) from None
 import orjson
 
+from domain.bundle import Accepted, TrustPolicy, verify_bundle
 from domain.errors import (
     Conflict,
     IntegrityFailure,
@@ -132,6 +157,9 @@ class CatalogClient:
         monotonic: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
         transport: httpx.BaseTransport | None = None,
+        trust: TrustPolicy | None = None,
+        state_file: str | Path | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
         self._http = httpx.Client(
@@ -153,6 +181,17 @@ class CatalogClient:
         #: Requests sent, retries made (for tests and the benchmark).
         self.requests = 0
         self.retries = 0
+        #: R29: the pinned keys and limits (None: views are not proven current).
+        self.trust = trust
+        self._clock = clock
+        self._state_file = Path(state_file) if state_file is not None else None
+        self._state_lock = threading.Lock()
+        self._accepted = _read_state(self._state_file, trust) if trust is not None else None
+
+    @property
+    def accepted(self) -> Accepted | None:
+        """The largest catalog-log checkpoint this client accepted (R29; None: none yet)."""
+        return self._accepted
 
     # -- reads --------------------------------------------------------------------------
 
@@ -167,6 +206,10 @@ class CatalogClient:
         while True:
             started = self._monotonic()
             found = self._view(audience, min_revision=None, wait=wait)
+            if self.trust is not None:
+                # The long poll said "changed" or "not yet": either way, what is yielded is
+                # proven, and a head no longer re-cosigned is STALE within one poll.
+                found = self.view(audience)
             if found.audience_digest != last.audience_digest:
                 last = found
                 yield found
@@ -192,6 +235,17 @@ class CatalogClient:
     # -- plumbing -----------------------------------------------------------------------
 
     def _view(self, audience: str, *, min_revision: int | None, wait: int | None) -> AudienceView:
+        """A view verified as the module docstring says; proven (R29) when a trust policy
+        is set, except the long polls of ``watch`` (``wait``), which only detect change.
+        Proven reads run one at a time: each must extend the state the last one kept."""
+        if self.trust is None or wait is not None:
+            return self._fetch(audience, min_revision=min_revision, wait=wait, prove=False)
+        with self._state_lock:
+            return self._fetch(audience, min_revision=min_revision, wait=None, prove=True)
+
+    def _fetch(
+        self, audience: str, *, min_revision: int | None, wait: int | None, prove: bool
+    ) -> AudienceView:
         parsed = Audience.parse(audience)
         name = f"{parsed.kind.value}:{parsed.id}"
         path = (
@@ -203,9 +257,14 @@ class CatalogClient:
             params["min_revision"] = min_revision
         headers = {}
         cached = self._cache.get(name)
+        kept = self._accepted
+        if prove:  # never a 304: the bundle is the point
+            params["proof"] = 1
+            if kept is not None:
+                params["since_size"] = kept.size
         # A 304 would confirm the content, not a revision: revalidate only a view that
         # satisfies the revision asked for.
-        if cached is not None and (min_revision is None or cached.revision >= min_revision):
+        elif cached is not None and (min_revision is None or cached.revision >= min_revision):
             headers["If-None-Match"] = cached.etag
             if wait is not None:
                 params["wait"] = wait
@@ -215,8 +274,16 @@ class CatalogClient:
                 raise IntegrityFailure("the server answered 304 to a request without a validator")
             return cached
         try:
-            found = _verified_view(response, parsed, min_revision)
-        except IntegrityFailure:
+            body = _body(response)
+            found = _verified_view(body, response, parsed, min_revision)
+            if prove:
+                assert self.trust is not None
+                state = verify_bundle(found, body.get("proof"), self.trust, kept, self._clock())
+                if state != kept:
+                    if self._state_file is not None:
+                        _write_state(self._state_file, self.trust, state)
+                    self._accepted = state
+        except (IntegrityFailure, Stale):
             self._cache.pop(name, None)
             raise
         self._cache[name] = found
@@ -332,20 +399,24 @@ def _objects(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return items
 
 
-def _verified_view(
-    response: httpx.Response, audience: Audience, min_revision: int | None
-) -> AudienceView:
-    """The view of a 200, every digest the client can check recomputed (module docstring).
-
-    Built only from the verified fields; raises ``IntegrityFailure`` naming the JSON path
-    of the first field that does not check out."""
-    name = f"{audience.kind.value}:{audience.id}"
+def _body(response: httpx.Response) -> dict[str, Any]:
     try:
         body = orjson.loads(response.content)
     except orjson.JSONDecodeError as exc:
         raise _integrity(f"the body is not JSON: {exc}", "$") from None
     if not isinstance(body, dict):
         raise _integrity("the body is not a JSON object", "$")
+    return body
+
+
+def _verified_view(
+    body: dict[str, Any], response: httpx.Response, audience: Audience, min_revision: int | None
+) -> AudienceView:
+    """The view of a 200, every digest the client can check recomputed (module docstring).
+
+    Built only from the verified fields; raises ``IntegrityFailure`` naming the JSON path
+    of the first field that does not check out."""
+    name = f"{audience.kind.value}:{audience.id}"
     if body.get("audience") != name:
         raise _integrity(
             f"$.audience is {body.get('audience')!r}, not the audience asked for {name!r}",
@@ -425,3 +496,66 @@ def _verified_view(
     if response.headers.get("etag") != view.etag:
         raise _integrity("the ETag does not name the audience digest", "etag")
     return view
+
+
+# -- R29: the trust policy and the kept state -------------------------------------------
+
+
+def load_trust(path: str | Path) -> TrustPolicy:
+    """The trust policy in a JSON file (``domain.bundle.TrustPolicy``); INVALID names the
+    field at fault, UNAVAILABLE a file that cannot be read."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise Unavailable(f"cannot read the trust policy {path}: {exc.strerror}") from None
+    try:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"the trust policy {path} is not JSON: {exc}", field="$") from None
+    return TrustPolicy.parse(document)
+
+
+def _read_state(path: Path | None, trust: TrustPolicy) -> Accepted | None:
+    """The state a previous client kept in ``path`` (None: no file yet); one that does
+    not parse is INTEGRITY ``bad_state`` (``Accepted.from_json``)."""
+    if path is None:
+        return None
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise Unavailable(f"cannot read the client state {path}: {exc.strerror}") from None
+    try:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        document = None
+    try:
+        return Accepted.from_json(document, trust.origin)
+    except IntegrityFailure as exc:
+        raise IntegrityFailure(f"{path}: {exc.message}", **exc.details) from None
+
+
+def _write_state(path: Path, trust: TrustPolicy, state: Accepted) -> None:
+    """Replace ``path`` with ``state`` atomically: a temporary file in the same directory,
+    fsync'ed, renamed over it, then the directory fsync'ed (a crash leaves the old state
+    or the new one, never a torn file)."""
+    body = orjson.dumps(state.to_json(trust.origin))
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(body)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except OSError as exc:
+        raise Unavailable(f"cannot write the client state {path}: {exc.strerror}") from None

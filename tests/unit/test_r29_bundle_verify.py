@@ -358,13 +358,16 @@ def test_r29_a_policy_round_trips_through_json(log: CatalogLog) -> None:
 
 def test_r29_the_kept_state_round_trips_and_a_bad_one_is_integrity(log: CatalogLog) -> None:
     kept = Accepted(3, log.checkpoint().root, 3)
-    assert Accepted.from_json(orjson.loads(orjson.dumps(kept.to_json()))) == kept
+    document = orjson.loads(orjson.dumps(kept.to_json(log.origin)))
+    assert Accepted.from_json(document, log.origin) == kept
     for bad, field in [
         ([], "$"),
-        (kept.to_json() | {"size": 0}, "size"),
-        (kept.to_json() | {"revision": 2}, "revision"),
-        (kept.to_json() | {"root": "AAAA"}, "root"),
+        (document | {"format": 2}, "$"),
+        (document | {"origin": "elsewhere/catalog"}, "origin"),
+        (document | {"size": 0}, "size"),
+        (document | {"revision": 2}, "revision"),
+        (document | {"root": "AAAA"}, "root"),
     ]:
         with pytest.raises(IntegrityFailure) as caught:
-            Accepted.from_json(bad)
+            Accepted.from_json(bad, log.origin)
         assert caught.value.details == {"reason": "bad_state", "field": field}
