@@ -20,7 +20,8 @@ pydantic) to read its catalog.
   ``kind``, ``key``, ``payload``, ``requires`` and ``credential_sets`` received, encoded
   by ``domain.canonical`` (``domain.served.fact_digest``, the store's one definition);
 - the audience digest, recomputed from the grants received and those fact digests
-  (``domain.served.audience_digest``), and the ETag that names it.
+  (``domain.served.audience_digest``), and the ETag that names it (a proven view,
+  below, may come without one: it is never revalidated).
 
 Only the fields verified are returned (a field the server adds is dropped).
 
@@ -275,7 +276,7 @@ class CatalogClient:
             return cached
         try:
             body = _body(response)
-            found = _verified_view(body, response, parsed, min_revision)
+            found = _verified_view(body, response, parsed, min_revision, proven=prove)
             if prove:
                 assert self.trust is not None
                 state = verify_bundle(found, body.get("proof"), self.trust, kept, self._clock())
@@ -410,7 +411,12 @@ def _body(response: httpx.Response) -> dict[str, Any]:
 
 
 def _verified_view(
-    body: dict[str, Any], response: httpx.Response, audience: Audience, min_revision: int | None
+    body: dict[str, Any],
+    response: httpx.Response,
+    audience: Audience,
+    min_revision: int | None,
+    *,
+    proven: bool = False,
 ) -> AudienceView:
     """The view of a 200, every digest the client can check recomputed (module docstring).
 
@@ -493,7 +499,9 @@ def _verified_view(
         grants=grants,
         facts=facts,
     )
-    if response.headers.get("etag") != view.etag:
+    # A proven view (R29) may come without one: it is never revalidated by ETag.
+    etag = response.headers.get("etag")
+    if etag != view.etag and (etag is not None or not proven):
         raise _integrity("the ETag does not name the audience digest", "etag")
     return view
 
