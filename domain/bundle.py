@@ -25,7 +25,8 @@ kept, in the normative order of "Verifying a bundle":
    (``inconsistent_tree``, ``missing_consistency``).
 
 A bundle that is not even shaped like one is INTEGRITY ``malformed_proof`` naming the
-JSON path. Pure: no I/O and no clock (``now`` is the caller's); the client
+JSON path. Signatures and cosignatures are checked by ``domain.notes`` (C2SP signed-note,
+tlog-checkpoint, tlog-cosignature). Pure: no I/O and no clock (``now`` is the caller's); the client
 (``ledger.client``) reads the policy and state files and keeps what this returns.
 """
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,13 +42,17 @@ from typing import Any
 from uuid import UUID
 
 import orjson
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from domain import audience_map, merkle
 from domain.digests import aggregate_id, event_id
 from domain.errors import IntegrityFailure, InvalidInput, Stale
-from domain.notes import Checkpoint, VerifierKey
+from domain.notes import (
+    Checkpoint,
+    VerifierKey,
+    WitnessKey,
+    verify_cosignatures,
+    verify_log_signatures,
+)
 from domain.served import AudienceView
 
 #: The proof bundle format this module reads (``proof.format``).
@@ -58,7 +62,6 @@ BUNDLE_FORMAT = 1
 CATALOG_ID = aggregate_id("catalog", "catalog")
 _PUBLISHED = re.compile(r"catalog\.published@([1-9][0-9]{0,8})")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_DASH = "\u2014"
 _MAX_AUDIENCE_PROOF = 256  # the map's keys are 256 bits: no path is longer
 
 
@@ -150,84 +153,6 @@ class TrustPolicy:
 
 
 _POLICY_FIELDS = frozenset({"origin", "log_keys", "witnesses", "threshold", "max_age_seconds"})
-
-
-# ------------------------------------------------------------------- witness cosignatures
-# TO BE REPLACED by the cosignature support of ``domain.notes`` (branch ``witness``):
-# a minimal C2SP tlog-cosignature ``cosignature/v1`` (Ed25519) verifier, kept private to
-# this module until then.
-
-_COSIGNATURE = b"\x04"
-
-
-def _cosigner_key_id(name: str, public: bytes) -> bytes:
-    return hashlib.sha256(name.encode() + b"\n" + _COSIGNATURE + public).digest()[:4]
-
-
-@dataclass(frozen=True)
-class WitnessKey:
-    """A witness's verifier key: ``<name>+<id hex>+<base64(0x04 || Ed25519 public key)>``."""
-
-    name: str
-    public: bytes
-
-    def text(self) -> str:
-        body = base64.b64encode(_COSIGNATURE + self.public).decode()
-        return f"{self.name}+{_cosigner_key_id(self.name, self.public).hex()}+{body}"
-
-    @classmethod
-    def parse(cls, text: str, *, field: str = "key") -> WitnessKey:
-        parts = text.strip().split("+", 2)  # base64 may itself contain '+'
-        if len(parts) != 3 or not parts[0] or any(c.isspace() for c in parts[0]):
-            raise InvalidInput(f"{field} is not a witness key (name+id+key)", field=field)
-        name, ident, body = parts
-        try:
-            raw = base64.b64decode(body, validate=True)
-        except binascii.Error:
-            raise InvalidInput(f"{field}: the key is not base64", field=field) from None
-        if len(raw) != 33 or raw[:1] != _COSIGNATURE:
-            raise InvalidInput(
-                f"{field}: not an Ed25519 cosignature/v1 key (type 0x04)", field=field
-            )
-        key = cls(name, raw[1:])
-        if _cosigner_key_id(name, key.public).hex() != ident.lower():
-            raise InvalidInput(f"{field}: the key id does not match the key", field=field)
-        return key
-
-    def cosignatures(self, note: str) -> list[int]:
-        """The timestamps of this witness's valid cosignatures on ``note``.
-
-        Lines by another name or key id are ignored (tlog-cosignature); a line with this
-        name and key id that does not verify is INTEGRITY ``bad_cosignature``."""
-        body, _, signatures = note.partition("\n\n")
-        body += "\n"
-        wanted = _cosigner_key_id(self.name, self.public)
-        public = Ed25519PublicKey.from_public_bytes(self.public)
-        found: list[int] = []
-        for line in signatures.splitlines():
-            parts = line.split(" ")
-            if len(parts) != 3 or parts[0] != _DASH or parts[1] != self.name:
-                continue
-            try:
-                raw = base64.b64decode(parts[2], validate=True)
-            except binascii.Error:
-                continue
-            if raw[:4] != wanted:
-                continue
-            timestamp = int.from_bytes(raw[4:12], "big")
-            message = f"cosignature/v1\ntime {timestamp}\n{body}".encode()
-            try:
-                if len(raw) != 4 + 8 + 64 or timestamp >= 1 << 63:
-                    raise InvalidSignature
-                public.verify(raw[12:], message)
-            except InvalidSignature:
-                raise IntegrityFailure(
-                    f"the cosignature by witness {self.name} does not verify",
-                    reason="bad_cosignature",
-                    witness=self.name,
-                ) from None
-            found.append(timestamp)
-        return found
 
 
 # ------------------------------------------------------------------------ the kept state
@@ -370,48 +295,48 @@ def verify_bundle(
 
 
 def _checkpoint(note: str, policy: TrustPolicy) -> Checkpoint:
+    """Step 1. A note with no blank line is one without signatures (``no_signature``,
+    once its origin is checked); one that is not a signed note at all is malformed."""
+    if not note.endswith("\n") or any(ord(c) < 0x20 and c != "\n" for c in note):
+        raise _malformed("not a signed note", "$.proof.checkpoint")
+    cut = note.rfind("\n\n")
+    text = note if cut < 0 else note[: cut + 1]
     try:
-        checkpoint = Checkpoint.parse(note, field="$.proof.checkpoint")
+        checkpoint = Checkpoint.parse(text, field="$.proof.checkpoint")
     except InvalidInput as exc:
         raise _malformed(exc.message, "$.proof.checkpoint") from None
+    if text.split("\n", 2)[1] != str(checkpoint.size):  # tlog-checkpoint: no leading zero
+        raise _malformed("the size has a leading zero", "$.proof.checkpoint")
     if checkpoint.origin != policy.origin:
         raise IntegrityFailure(
             f"the checkpoint's origin is {checkpoint.origin!r}, not the pinned {policy.origin!r}",
             reason="wrong_origin",
         )
-    signed = False
-    for key in policy.log_keys:
-        try:
-            key.verify(note)
-        except IntegrityFailure as exc:
-            if exc.details.get("reason") == "bad_signature":
-                raise
-            continue
-        signed = True
-    if not signed:
-        raise IntegrityFailure(
-            "the checkpoint carries no signature by a pinned log key", reason="no_signature"
-        )
+    if cut < 0:
+        raise IntegrityFailure("the checkpoint is not signed", reason="no_signature")
+    try:
+        verify_log_signatures(note, policy.log_keys, field="$.proof.checkpoint")
+    except InvalidInput as exc:
+        raise _malformed(exc.message, "$.proof.checkpoint") from None
     return checkpoint
 
 
 def _cosigned(note: str, policy: TrustPolicy) -> list[int]:
-    """The newest valid cosignature time of each pinned witness that cosigned, newest
-    first; at least ``threshold`` of them."""
-    newest: list[int] = []
-    for witness in policy.witnesses:
-        times = witness.cosignatures(note)
-        if times:
-            newest.append(max(times))
-    if len(newest) < policy.threshold:
+    """Step 2. The newest valid cosignature time of each pinned witness that cosigned,
+    newest first; at least ``threshold`` of them (the policy pins each key once)."""
+    try:
+        valid = verify_cosignatures(note, policy.witnesses, field="$.proof.checkpoint")
+    except InvalidInput as exc:
+        raise _malformed(exc.message, "$.proof.checkpoint") from None
+    if len(valid) < policy.threshold:
         raise IntegrityFailure(
-            f"{len(newest)} pinned witnesses cosigned the checkpoint, the policy needs "
+            f"{len(valid)} pinned witnesses cosigned the checkpoint, the policy needs "
             f"{policy.threshold}",
             reason="too_few_cosignatures",
-            cosigned=len(newest),
+            cosigned=len(valid),
             threshold=policy.threshold,
         )
-    return sorted(newest, reverse=True)
+    return sorted(valid.values(), reverse=True)
 
 
 def _revision_event(event: Mapping[str, Any], revision: int) -> tuple[bytes, bytes]:

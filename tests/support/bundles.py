@@ -4,25 +4,23 @@ A ``CatalogLog`` publishes revisions in memory exactly as the store would record
 (``catalog.published`` v2 state bytes, event ids per LOG-FORMAT "Event id", an audience
 map per revision over every audience's view digest, the catalog log over the revision
 event ids), signs its checkpoints with a log ``SignerKey`` and cosigns them with
-witness keys (C2SP tlog-cosignature ``cosignature/v1``). No server, no store: what it
-serves is what a server's bundle would hold, so a test can change any one part.
+witness keys (C2SP tlog-cosignature ``cosignature/v1``, ``domain.notes.WitnessSigner``).
+No server, no store: what it serves is what a server's bundle would hold, so a test can
+change any one part.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from domain import audience_map, merkle
 from domain.bundle import CATALOG_ID, TrustPolicy
 from domain.digests import event_id
-from domain.notes import Checkpoint, SignerKey
+from domain.notes import Checkpoint, SignerKey, WitnessSigner
 from domain.served import AudienceView, audience_digest, fact_bytes, fact_digest
 
 STORE_ID = "0123456789abcdef0123456789abcdef"
@@ -33,38 +31,6 @@ NOW = 1_796_418_000
 
 def b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
-
-
-@dataclass(frozen=True)
-class Witness:
-    """A witness's signing half: cosigns notes with ``cosignature/v1`` (Ed25519)."""
-
-    name: str
-    seed: bytes
-
-    @classmethod
-    def generate(cls, name: str) -> Witness:
-        return cls(name, Ed25519PrivateKey.generate().private_bytes_raw())
-
-    @property
-    def public(self) -> bytes:
-        key = Ed25519PrivateKey.from_private_bytes(self.seed).public_key()
-        return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-    @property
-    def key_id(self) -> bytes:
-        return hashlib.sha256(self.name.encode() + b"\n\x04" + self.public).digest()[:4]
-
-    def vkey(self) -> str:
-        body = b64(b"\x04" + self.public)
-        return f"{self.name}+{self.key_id.hex()}+{body}"
-
-    def line(self, body: str, timestamp: int) -> str:
-        """The cosignature line over the checkpoint ``body`` (ending in a newline)."""
-        message = f"cosignature/v1\ntime {timestamp}\n{body}".encode()
-        signature = Ed25519PrivateKey.from_private_bytes(self.seed).sign(message)
-        raw = self.key_id + timestamp.to_bytes(8, "big") + signature
-        return f"\u2014 {self.name} {b64(raw)}\n"
 
 
 def make_view(audience: str, revision: int, payload: Any) -> AudienceView:
@@ -118,8 +84,8 @@ class CatalogLog:
     log_key: SignerKey = field(
         default_factory=lambda: SignerKey.generate(f"catalog-ledger/{STORE_ID}")
     )
-    witnesses: list[Witness] = field(
-        default_factory=lambda: [Witness.generate(f"witness{n}.example") for n in range(3)]
+    witnesses: list[WitnessSigner] = field(
+        default_factory=lambda: [WitnessSigner.generate(f"witness{n}.example") for n in range(3)]
     )
     origin: str = ORIGIN
     revisions: list[Revision] = field(default_factory=list)
@@ -179,7 +145,7 @@ class CatalogLog:
         note = self.log_key.sign(text)
         for witness, at in zip(self.witnesses, times, strict=False):
             if at is not None:
-                note += witness.line(text, at)
+                note += witness.cosign(text, at) + "\n"
         return note
 
     def policy(self, *, threshold: int = 2, max_age: int = 3600) -> TrustPolicy:
@@ -190,7 +156,7 @@ class CatalogLog:
             "origin": self.origin,
             "log_keys": [self.log_key.verifier.text()],
             "witnesses": [
-                {"key": w.vkey(), "url": f"http://127.0.0.1:{9000 + n}"}
+                {"key": w.verifier.text(), "url": f"http://127.0.0.1:{9000 + n}"}
                 for n, w in enumerate(self.witnesses)
             ],
             "threshold": threshold,

@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 import pytest
 
-from domain.bundle import CATALOG_ID, Accepted, TrustPolicy, WitnessKey, verify_bundle
+from domain.bundle import CATALOG_ID, Accepted, TrustPolicy, verify_bundle
 from domain.catalog import catalog_id
 from domain.errors import IntegrityFailure, InvalidInput, Stale
-from domain.notes import SignerKey
-from tests.support.bundles import NOW, CatalogLog, Witness, b64, make_view
+from domain.notes import SignerKey, WitnessKey, WitnessSigner
+from tests.support.bundles import NOW, CatalogLog, b64, make_view
 
 APP, ERP = "app:shop", "integration:erp-sync"
 
@@ -112,14 +112,13 @@ def test_r29_an_invalid_cosignature_by_a_pinned_witness_is_bad_cosignature(
 def test_r29_threshold_minus_one_cosignatures_is_too_few(log: CatalogLog) -> None:
     note = log.note(times=[NOW, None, None])  # k - 1 = 1 valid cosignature for k = 2
     # An unpinned witness's valid cosignature counts for nothing.
-    stranger = Witness.generate("stranger.example")
-    note += stranger.line(log.checkpoint().text(), NOW)
+    stranger = WitnessSigner.generate("stranger.example")
+    note += stranger.cosign(log.checkpoint().text(), NOW) + "\n"
     bundle = log.bundle(APP, note=note)
     integrity("too_few_cosignatures", current(log), bundle, log.policy(), None, NOW)
     # Two lines by one witness are one witness.
-    twice = log.note(times=[NOW, None, None]) + log.witnesses[0].line(
-        log.checkpoint().text(), NOW - 1
-    )
+    twice = log.note(times=[NOW, None, None])
+    twice += log.witnesses[0].cosign(log.checkpoint().text(), NOW - 1) + "\n"
     bundle = log.bundle(APP, note=twice)
     integrity("too_few_cosignatures", current(log), bundle, log.policy(), None, NOW)
     assert verify_bundle(current(log), log.bundle(APP), log.policy(threshold=3), None, NOW)
@@ -293,6 +292,16 @@ def test_r29_a_malformed_bundle_is_integrity_naming_the_field(
     assert caught.value.details == {"reason": "malformed_proof", "field": field}
 
 
+def test_r29_a_note_not_shaped_as_a_signed_checkpoint_is_malformed(log: CatalogLog) -> None:
+    body = log.checkpoint().text()
+    leading_zero = body.replace("\n3\n", "\n03\n")
+    junk_line = log.note() + "\u2014 witness0.example not-base64!\n"
+    for note in (log.note(body=leading_zero), junk_line, log.note().rstrip("\n")):
+        with pytest.raises(IntegrityFailure) as caught:
+            verify_bundle(current(log), log.bundle(APP, note=note), log.policy(), None, NOW)
+        assert caught.value.details == {"reason": "malformed_proof", "field": "$.proof.checkpoint"}
+
+
 # -- the policy and the state --------------------------------------------------------------
 
 
@@ -330,9 +339,9 @@ def test_r29_a_policy_refuses_duplicate_witnesses_and_log_keys(log: CatalogLog) 
     assert caught.value.field == "witnesses[1].key"
     # The same public key under another name counts once too (cosignature/v1 does not
     # sign the name): refused.
-    renamed = Witness("renamed.example", log.witnesses[0].seed)
+    renamed = WitnessSigner("renamed.example", log.witnesses[0].seed)
     document = log.policy_json()
-    document["witnesses"][2]["key"] = renamed.vkey()
+    document["witnesses"][2]["key"] = renamed.verifier.text()
     with pytest.raises(InvalidInput) as caught:
         TrustPolicy.parse(document)
     assert caught.value.field == "witnesses[2].key"
@@ -353,7 +362,8 @@ def test_r29_a_policy_round_trips_through_json(log: CatalogLog) -> None:
     policy = log.policy(threshold=3, max_age=30)
     assert TrustPolicy.parse(policy.to_json()) == policy
     assert policy.witness_urls[1] == "http://127.0.0.1:9001"
-    assert WitnessKey.parse(log.witnesses[2].vkey()).text() == log.witnesses[2].vkey()
+    vkey = log.witnesses[2].verifier.text()
+    assert WitnessKey.parse(vkey) == policy.witnesses[2]
 
 
 def test_r29_the_kept_state_round_trips_and_a_bad_one_is_integrity(log: CatalogLog) -> None:
