@@ -46,8 +46,9 @@ that does not parse is INTEGRITY, never a fresh start). A forged or re-digested 
 another audience's, a bad signature, too few cosignatures or an inconsistent tree is
 ``IntegrityFailure``; a head older than the one accepted (a lagging replica, a
 rollback) or cosigned longer ago than the maximum age (a frozen head) is ``Stale``.
-Either way nothing is kept for that audience and the accepted state does not move. So
-what remains on the server's word is ``content_digest`` alone (every audience's view).
+Either way nothing is kept for that audience and the accepted state does not move. What
+remains on the server's word is ``content_digest`` (it covers every audience's view) and
+``head()`` (not proven: a runtime relies on its own view's revision).
 
 - **ETag cache**: the last verified view of each audience is kept with its weak ETag
   and sent back as ``If-None-Match``; a 304 answers with the kept view. (A proven read
