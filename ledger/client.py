@@ -383,8 +383,10 @@ def _retry_after(value: str | None, now: float) -> float:
     return max(0.0, when.timestamp() - now)
 
 
-def _integrity(message: str, field: str) -> IntegrityFailure:
-    return IntegrityFailure(f"the view received is not the one asked for: {message}", field=field)
+def _integrity(message: str, field: str, **reason: str) -> IntegrityFailure:
+    return IntegrityFailure(
+        f"the view received is not the one asked for: {message}", field=field, **reason
+    )
 
 
 def _text(obj: dict[str, Any], name: str, path: str, *, nullable: bool = False) -> Any:
@@ -466,13 +468,16 @@ def _verified_view(
                 kind, key, parts["payload"], parts["requires"], parts["credential_sets"]
             )
         except InvalidInput as exc:
-            raise _integrity(f"{at} is not canonical JSON: {exc.message}", at) from None
+            raise _integrity(
+                f"{at} is not canonical JSON: {exc.message}", at, reason="bad_fact_digest"
+            ) from None
         recomputed = fact_digest(pack, install_id, payload_hash, stored).hex()
         if recomputed != claimed:
             raise _integrity(
                 f"{at} ({pack}/{kind}/{key}) does not match its fact digest: its payload, "
                 "requires or credential_sets were altered",
                 at,
+                reason="bad_fact_digest",
             )
         fact_rows.append([pack, install_id, kind, key, recomputed])
         facts.append(
@@ -490,7 +495,9 @@ def _verified_view(
         (audience.kind.value, str(audience.id)), grant_rows, fact_rows
     ):
         raise _integrity(
-            "the grants and facts received do not match $.audience_digest", "$.audience_digest"
+            "the grants and facts received do not match $.audience_digest",
+            "$.audience_digest",
+            reason="bad_audience_digest",
         )
     view = AudienceView(
         audience=name,

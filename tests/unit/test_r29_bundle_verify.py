@@ -296,7 +296,13 @@ def test_r29_a_note_not_shaped_as_a_signed_checkpoint_is_malformed(log: CatalogL
     body = log.checkpoint().text()
     leading_zero = body.replace("\n3\n", "\n03\n")
     junk_line = log.note() + "\u2014 witness0.example not-base64!\n"
-    for note in (log.note(body=leading_zero), junk_line, log.note().rstrip("\n")):
+    # The shape is checked before step 1: a junk line beside another origin is malformed.
+    elsewhere = copy.copy(log)
+    elsewhere.origin = "elsewhere/catalog"
+    junk_elsewhere = elsewhere.note() + "\u2014 witness0.example not-base64!\n"
+    unsigned_zero = log.note(body=leading_zero, times=[None, None, None])
+    notes = (unsigned_zero, junk_line, log.note().rstrip("\n"), junk_elsewhere)
+    for note in notes:
         with pytest.raises(IntegrityFailure) as caught:
             verify_bundle(current(log), log.bundle(APP, note=note), log.policy(), None, NOW)
         assert caught.value.details == {"reason": "malformed_proof", "field": "$.proof.checkpoint"}
@@ -350,6 +356,10 @@ def test_r29_a_policy_refuses_duplicate_witnesses_and_log_keys(log: CatalogLog) 
     with pytest.raises(InvalidInput) as caught:
         TrustPolicy.parse(document)
     assert caught.value.field == "log_keys[1]"
+    # One name may pin two keys (a witness's old and new key): each key counts once.
+    document = log.policy_json()
+    document["witnesses"][1]["key"] = WitnessSigner.generate(log.witnesses[0].name).verifier.text()
+    assert len(TrustPolicy.parse(document).witnesses) == 3
     # A log key (alg 0x01) is no witness key (0x04).
     document = log.policy_json()
     document["witnesses"][0]["key"] = log.log_key.verifier.text()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +147,10 @@ def test_r29_client_keeps_nothing_after_integrity_or_stale(served: Served, tmp_p
         kept, before = c.accepted, state.read_bytes()
         served.size = None
         too_few = "too_few_cosignatures"
+        honest = served.log.revisions[2].views[APP]
+        altered = replace(honest, facts=[honest.facts[0] | {"payload": {"n": "evil"}}])
         cases: list[tuple[dict[str, Any], type[LedgerError], str]] = [
+            ({"view": altered}, IntegrityFailure, "bad_fact_digest"),
             ({"view": make_view(APP, 3, {"n": "evil"})}, IntegrityFailure, "bad_audience_proof"),
             ({"note": served.log.note(times=[NOW, None, None])}, IntegrityFailure, too_few),
             ({"note": served.log.note(times=[NOW - 7200] * 3)}, Stale, "freshness"),
