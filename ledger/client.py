@@ -45,8 +45,8 @@ that checkpoint's ``(size, root, revision)`` kept (``accepted``) — in memory a
 that does not parse is INTEGRITY, never a fresh start). A forged or re-digested view,
 another audience's, a bad signature, too few cosignatures or an inconsistent tree is
 ``IntegrityFailure``; a head older than the one accepted (a lagging replica, a
-rollback; a server that refuses a ``since_size`` beyond its own size is asked again
-without it) or cosigned longer ago than the maximum age (a frozen head) is ``Stale``.
+rollback: such a server proves its smaller head and gives no consistency proof)
+or cosigned longer ago than the maximum age (a frozen head) is ``Stale``.
 Either way nothing is kept for that audience and the accepted state does not move. What
 remains on the server's word is ``content_digest`` (it covers every audience's view) and
 ``head()`` (not proven: a runtime relies on its own view's revision).
@@ -271,16 +271,7 @@ class CatalogClient:
             headers["If-None-Match"] = cached.etag
             if wait is not None:
                 params["wait"] = wait
-        try:
-            response = self._get(path, params, headers, audience=name)
-        except InvalidInput as exc:
-            # A server whose catalog log is smaller than the one this client accepted (a
-            # lagging replica) may refuse since_size: ask for its bundle without it, which
-            # proves the smaller size, so that the answer is STALE, as it is.
-            if "since_size" not in params or exc.details.get("field") != "since_size":
-                raise
-            del params["since_size"]
-            response = self._get(path, params, headers, audience=name)
+        response = self._get(path, params, headers, audience=name)
         if response.status_code == 304:
             if cached is None:
                 raise IntegrityFailure("the server answered 304 to a request without a validator")

@@ -166,14 +166,10 @@ class ProofService:
     def _consistency_member(self, stored: StoredCheckpoint, since: int | None) -> bytes | None:
         """``,"consistency":{...}`` (or nothing without ``since``); ``None``: the log is not
         read that far yet (a refresh is due)."""
-        if since is None:
+        if since is None or since > stored.size:
+            # Beyond the size: this server (a lagging replica) has no proof to give; the
+            # bundle proves its smaller head, which the client answers STALE (LOG-FORMAT).
             return b""
-        if since > stored.size:
-            raise InvalidInput(
-                f"since_size {since} is larger than the catalog log's size {stored.size}",
-                field="since_size",
-                part="since_size",
-            )
         key = (stored.size, stored.root, since)
         with self._lock:
             found = self._consistency.get(key)
