@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from domain.bundle import TrustPolicy
 from domain.errors import Conflict, IntegrityFailure, InvalidInput, LedgerError, Unavailable
 from domain.notes import NoteSignature, SignerKey, VerifierKey, WitnessKey, add_cosignatures
 from ledger.store.catalog_log import (
@@ -84,44 +85,16 @@ class CosignPolicy:
 
 
 def parse_policy(document: object) -> CosignPolicy:
-    """The fields of a trust policy the collector needs; INVALID naming the JSON path."""
-    if not isinstance(document, dict):
-        raise InvalidInput("the trust policy is not a JSON object", field="$")
-    origin = document.get("origin")
-    if not isinstance(origin, str) or not origin:
-        raise InvalidInput("origin must be a non-empty string", field="origin")
-    keys = document.get("log_keys")
-    if not isinstance(keys, list) or not keys:
-        raise InvalidInput("log_keys must be a non-empty list of keys", field="log_keys")
-    log_keys = []
-    for n, text in enumerate(keys):
-        if not isinstance(text, str):
-            raise InvalidInput(f"log_keys[{n}] must be a key", field=f"log_keys[{n}]")
-        log_keys.append(VerifierKey.parse(text, field=f"log_keys[{n}]"))
-    items = document.get("witnesses")
-    if not isinstance(items, list) or not items:
-        raise InvalidInput("witnesses must be a non-empty list", field="witnesses")
-    witnesses = [_witness(item, f"witnesses[{n}]") for n, item in enumerate(items)]
-    if len({w.key.public for w in witnesses}) != len(witnesses):
-        raise InvalidInput("a witness key is listed twice", field="witnesses")
-    threshold = document.get("threshold")
-    if type(threshold) is not int or not 1 <= threshold <= len(witnesses):
-        raise InvalidInput(
-            f"threshold must be an integer from 1 to {len(witnesses)}", field="threshold"
-        )
-    return CosignPolicy(origin, tuple(log_keys), tuple(witnesses), threshold)
-
-
-def _witness(item: object, at: str) -> Witness:
-    if not isinstance(item, dict):
-        raise InvalidInput(f"{at} must be an object", field=at)
-    text, url = item.get("key"), item.get("url")
-    if not isinstance(text, str):
-        raise InvalidInput(f"{at}.key must be a witness key", field=f"{at}.key")
-    key = WitnessKey.parse(text, field=f"{at}.key")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise InvalidInput(f"{at}.url: the collector needs the witness's URL", field=f"{at}.url")
-    return Witness(key, url)
+    """The client's trust policy (``domain.bundle.TrustPolicy``, one parser of that
+    document) with what the collector needs besides: every witness's URL."""
+    policy = TrustPolicy.parse(document)
+    witnesses = []
+    for n, (key, url) in enumerate(zip(policy.witnesses, policy.witness_urls, strict=True)):
+        if url is None or not url.startswith(("http://", "https://")):
+            at = f"witnesses[{n}].url"
+            raise InvalidInput(f"{at}: the collector needs the witness's URL", field=at)
+        witnesses.append(Witness(key, url))
+    return CosignPolicy(policy.origin, policy.log_keys, tuple(witnesses), policy.threshold)
 
 
 # -- one collector run -------------------------------------------------------------------
