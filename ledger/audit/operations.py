@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from domain.errors import IntegrityFailure, InvalidInput, UsageError
+from domain.errors import Conflict, IntegrityFailure, InvalidInput, UsageError
 from ledger.audit.results import KeygenResult
 
 if TYPE_CHECKING:
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
         CheckpointNote,
         ConsistencyProof,
         InclusionProof,
+        KeyRotation,
+        LogOrigin,
         ProofCheck,
     )
     from ledger.audit.verify import AuditReport
@@ -132,25 +134,33 @@ def verify(
     return report
 
 
-def checkpoint(ledger: Ledger, *, sign: Path | None, log: str = "main") -> CheckpointNote:
+def checkpoint(
+    ledger: Ledger, *, sign: Path | None, log: str = "main", name: bool = False
+) -> CheckpointNote:
     """The C2SP tlog-checkpoint of the main log or of the catalog log (R29), optionally
-    as a signed note."""
+    as a signed note; ``name`` first names the log (``log.named``) if it is not named yet,
+    so the signed origin is a log fact that ``export`` carries (R29)."""
     from domain.notes import SignerKey
     from ledger.audit.proofs import checkpoint as log_checkpoint
     from ledger.audit.proofs import origin_of
     from ledger.store.catalog_log import CatalogLog, catalog_origin
 
+    if log not in ("main", "catalog"):
+        raise InvalidInput(f"log must be main or catalog, got {log!r}", field="log")
+    signer = None if sign is None else SignerKey.parse(read_text(sign, "sign"), field="sign")
+    if name:
+        from ledger.store.log_identity import name_log
+
+        name_log(ledger)
     if log == "catalog":
         catalog = CatalogLog(ledger.db)
         catalog.refresh()
         cp = catalog.checkpoint(catalog_origin(origin_of(ledger)))
-    elif log == "main":
-        cp = log_checkpoint(ledger)
     else:
-        raise InvalidInput(f"log must be main or catalog, got {log!r}", field="log")
+        cp = log_checkpoint(ledger)
     note = cp.text()
-    if sign is not None:
-        note = SignerKey.parse(read_text(sign, "sign"), field="sign").sign(note)
+    if signer is not None:
+        note = signer.sign(note)
     return {"origin": cp.origin, "size": cp.size, "root": note.split("\n")[2], "note": note}
 
 
@@ -209,3 +219,60 @@ def prove(
         return log.inclusion(position, size or log.size())
     assert from_size is not None
     return log.consistency(from_size, to_size or log.size())
+
+
+def origin(ledger: Ledger) -> LogOrigin:
+    """The log's origin and whether the log states it (``log.named``)."""
+    from ledger.store.log_identity import named_origin, origin_of
+
+    named = named_origin(ledger)
+    return {"origin": named or origin_of(ledger), "named": named is not None, "appended": False}
+
+
+def name_origin(ledger: Ledger, wanted: str | None) -> LogOrigin:
+    """Name the log (``log.named``) if it is not named: with ``wanted``, else the origin
+    it has had so far. CONFLICT when it is named already with another origin."""
+    from ledger.store.log_identity import name_log
+
+    named, appended = name_log(ledger, wanted)
+    return {"origin": named, "named": True, "appended": appended}
+
+
+def rotate_key(ledger: Ledger, *, old: Path, new: str, overlap: int, now: int) -> KeyRotation:
+    """Record ``log_key.rotated``: the statement signed by the old signer key ``old``
+    announcing ``new`` (a verifier key, as a file or text, or a signer key file whose
+    verifier is taken), the old key valid until ``now + overlap``."""
+    from domain.key_rotation import Rotation, rotation_statement
+    from domain.notes import SignerKey, VerifierKey
+    from ledger.store.log_identity import name_log, record_rotation, rotations
+
+    signer = SignerKey.parse(read_text(old, "old"), field="old")
+    text = read_text(Path(new), "new") if Path(new).is_file() else new
+    if text.strip().startswith("PRIVATE+KEY+"):
+        successor = SignerKey.parse(text, field="new").verifier
+    else:
+        successor = VerifierKey.parse(text, field="new")
+    if overlap < 0:
+        raise InvalidInput("the overlap must not be negative", field="overlap")
+    origin_text, _ = name_log(ledger)
+    earlier = rotations(ledger)
+    if earlier:  # only the log's current key (the last rotation's new key) may rotate
+        current = Rotation.parse(earlier[-1]).new
+        if current.public != signer.verifier.public:
+            raise Conflict(
+                f"the log's current key is {current.text()} (its last rotation); only it "
+                "can announce a successor",
+                field="old",
+                current_key=current.text(),
+            )
+    until = now + overlap
+    statement = rotation_statement(origin_text, signer, successor, until)
+    position = record_rotation(ledger, statement)
+    return {
+        "origin": origin_text,
+        "old_key": signer.verifier.text(),
+        "new_key": successor.text(),
+        "until": until,
+        "position": position,
+        "statement": statement,
+    }

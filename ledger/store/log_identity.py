@@ -1,0 +1,100 @@
+"""The log's origin and key rotations, read from and written to the log (R29, issue 28).
+
+``origin_of`` is the origin every checkpoint of this log names: the ``log.named`` event's
+(one index seek on the ``LogIdentity`` aggregate), else — a log never named — the store's
+``catalog-ledger/<store id>``. ``name_log`` appends ``log.named`` when it is missing, with
+that same origin (or one the operator gives, to restore a pinned origin onto a log that
+was exported before it was named): every signer calls it before it signs, so that no
+signed checkpoint names an origin the log itself does not state (``audit checkpoint
+--sign``, ``audit rotate-key``, and the collector ``cosign``).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from domain.errors import Conflict, IntegrityFailure, InvalidInput
+from domain.event_types import T_LOG_NAMED
+from domain.log_identity import LogIdentity, check_origin, default_origin, log_identity_id
+from ledger.log import tables as schema
+from ledger.store.runtime import Ledger
+
+__all__ = ["name_log", "named_origin", "origin_of", "record_rotation", "rotations"]
+
+
+def named_origin(ledger: Ledger) -> str | None:
+    """The origin ``log.named`` states, or None when the log was never named."""
+    with ledger.db.read() as conn:
+        first = ledger.recorder.first_events(conn, [log_identity_id()]).get(log_identity_id())
+    if first is None:
+        return None
+    if first.type != T_LOG_NAMED:  # the fixed aggregate's first event is always log.named
+        raise IntegrityFailure(
+            f"the log identity aggregate starts with {first.type}, not {T_LOG_NAMED}",
+            position=first.position,
+        )
+    return str(first.data["origin"])
+
+
+def store_origin(ledger: Ledger) -> str:
+    """The origin of a log with no ``log.named``: ``catalog-ledger/<store id>``."""
+    t = schema.meta
+    with ledger.db.read() as conn:
+        found = conn.execute(sa.select(t.c.value).where(t.c.name == b"store_id")).scalar()
+    if found is None:
+        raise InvalidInput("the store has no id; run `catalog-ledger init`", field="db")
+    return default_origin(bytes(found).decode())
+
+
+def origin_of(ledger: Ledger) -> str:
+    """The checkpoint origin of this log (see the module doc)."""
+    return named_origin(ledger) or store_origin(ledger)
+
+
+def name_log(ledger: Ledger, origin: str | None = None) -> tuple[str, bool]:
+    """``(origin, appended)``: name the log if it is not named yet.
+
+    ``origin`` defaults to the origin the log has had so far (``store_origin``). Naming
+    a log that is named already with another origin is CONFLICT: the origin of a log
+    never changes (a new origin is a new log, which clients re-pin)."""
+    if origin is not None:
+        check_origin(origin)
+    named = named_origin(ledger)
+    if named is None:
+        wanted = origin or store_origin(ledger)
+        try:
+            ledger.app.save(LogIdentity(origin=wanted), fence={log_identity_id(): 0})
+            return wanted, True
+        except Conflict:  # named meanwhile by another signer: read what it named
+            named = named_origin(ledger)
+            assert named is not None
+    if origin is not None and origin != named:
+        raise Conflict(
+            f"the log is named {named!r} already; a log's origin never changes (a restore "
+            "under another origin is a new log: start a new store and have clients re-pin)",
+            field="origin",
+            origin=named,
+        )
+    return named, False
+
+
+def record_rotation(ledger: Ledger, statement: str) -> int:
+    """Append ``log_key.rotated`` holding ``statement`` (the log is named first); returns
+    the log position of the rotation event."""
+    name_log(ledger)
+    with ledger.db.read() as conn:
+        identity = ledger.repository(conn).get(log_identity_id(), LogIdentity)
+    assert identity is not None
+    identity.rotate(statement)
+    version = identity.version
+    ledger.app.save(identity, fence={identity.id: version - 1})
+    with ledger.db.read() as conn:
+        last = ledger.recorder.last_events(conn, [identity.id])[identity.id]
+    return last.position
+
+
+def rotations(ledger: Ledger) -> list[str]:
+    """Every rotation statement of the log, in log order."""
+    with ledger.db.read() as conn:
+        identity = ledger.repository(conn).get(log_identity_id(), LogIdentity)
+    return [] if identity is None else list(identity.statements)
