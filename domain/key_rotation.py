@@ -50,7 +50,7 @@ class Rotation:
     @classmethod
     def parse(cls, note: str, *, field: str = "statement") -> Rotation:
         body = note.split("\n\n", 1)[0]
-        lines = body.split("\n")
+        lines = body.removesuffix("\n").split("\n")
         labels = [line.split(" ", 1)[0] for line in lines[1:]]
         if (
             len(lines) != 5
