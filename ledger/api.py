@@ -65,6 +65,7 @@ if TYPE_CHECKING:
         KeyRotation,
         LogOrigin,
         PastView,
+        ResumeCheck,
     )
     from ledger.audit.verify import AuditReport
     from ledger.commands.credentials import CredentialList, IssuedCredential, RevokedCredential
@@ -498,6 +499,13 @@ class Store:
         from ledger.audit import operations as audit_operations
 
         return audit_operations.rotate_key(self.ledger, old=old, new=new, overlap=overlap, now=now)
+
+    def resume_check(self, note: Path | None = None) -> ResumeCheck:
+        """Whether this log extends the cosigned checkpoint ``note`` (or every cosigned
+        checkpoint the store holds): STALE for a rollback, INTEGRITY for a fork (R29)."""
+        from ledger.audit import operations as audit_operations
+
+        return audit_operations.resume_check(self.audit_ledger, note)
 
     def keygen(self, name: str | None, out: Path) -> KeygenResult:
         """``audit keygen``: a checkpoint signer key named ``name``, by default after this

@@ -16,6 +16,7 @@ from domain.event_types import (
     UnknownEventType,
 )
 from ledger.log.trailer import Trailer
+from ledger.store import carried_checkpoints
 from ledger.store.runtime import Ledger
 
 _SQL = {str: "TEXT", int: "an INTEGER", float: "a REAL", type(None): "NULL"}
@@ -62,6 +63,10 @@ def export_jsonl(ledger: Ledger, out: TextIO) -> int:
                     first = (line["position"], column, problem)
             out.write(orjson.dumps(line).decode() + "\n")
             count += 1
+        # The latest cosigned checkpoints, read with the rows (R29): a restore keeps them.
+        carried = carried_checkpoints.read_all(conn)
+        for checkpoint in carried:
+            out.write(orjson.dumps(checkpoint.to_json()).decode() + "\n")
     position, chain, head_problem = _head(head)
     trailer = Trailer(
         count=count,
@@ -69,6 +74,7 @@ def export_jsonl(ledger: Ledger, out: TextIO) -> int:
         head_chain=chain,
         root=None if tree is None else tree.root(),
         damaged=damaged,
+        checkpoints=len(carried),
     )
     out.write(orjson.dumps(trailer.to_json()).decode() + "\n")
     if first is not None:

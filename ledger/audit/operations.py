@@ -22,12 +22,14 @@ if TYPE_CHECKING:
     from domain.notes import VerifierKey
     from ledger.audit.cosign import AddCheckpoint, CosignResult
     from ledger.audit.results import (
+        CheckedCheckpoint,
         CheckpointNote,
         ConsistencyProof,
         InclusionProof,
         KeyRotation,
         LogOrigin,
         ProofCheck,
+        ResumeCheck,
     )
     from ledger.audit.verify import AuditReport
     from ledger.store.runtime import Ledger
@@ -276,3 +278,45 @@ def rotate_key(ledger: Ledger, *, old: Path, new: str, overlap: int, now: int) -
         "position": position,
         "statement": statement,
     }
+
+
+def resume_check(ledger: Ledger, note_file: Path | None) -> ResumeCheck:
+    """Whether this log resumes where its witnesses left it: the witnesses' rule
+    (``domain.resume.check_resume``) applied to this store's tree against the cosigned
+    checkpoint in ``note_file`` (one the witnesses or a newer export hold), or else
+    against every cosigned checkpoint the store holds. STALE for a rollback, INTEGRITY
+    for a fork or another log."""
+    import base64
+
+    from domain import merkle
+    from domain.notes import Checkpoint
+    from domain.resume import check_resume
+    from ledger.audit.proofs import MerkleLog
+    from ledger.store import carried_checkpoints
+    from ledger.store.log_identity import origin_of
+
+    origin = origin_of(ledger)
+    with ledger.db.read() as conn:
+        if note_file is not None:
+            cosigned = [Checkpoint.parse(read_text(note_file, "checkpoint"))]
+        else:
+            stored = carried_checkpoints.read_all(conn)
+            cosigned = [Checkpoint(c.origin, c.size, c.root) for c in stored]
+        catalog = [merkle.leaf_hash(e) for e in carried_checkpoints.catalog_event_ids(conn)]
+    checked: list[CheckedCheckpoint] = []
+    log = MerkleLog(ledger)
+    for cp in cosigned:
+        if cp.origin == origin + carried_checkpoints.CATALOG_SUFFIX:
+            size = len(catalog)
+            current = Checkpoint(cp.origin, size, merkle.root(catalog))
+            extends = 0 < cp.size < size
+            proof = merkle.consistency_proof(catalog, cp.size, size) if extends else []
+        else:
+            size = log.size()
+            current = Checkpoint(origin, size, log.root(size) if size else merkle.EMPTY_ROOT)
+            extends = 0 < cp.size < size
+            consistency = log.consistency(cp.size, size) if extends else None
+            proof = [base64.b64decode(p) for p in consistency["proof"]] if consistency else []
+        check_resume(cp, current, proof)
+        checked.append({"origin": cp.origin, "cosigned_size": cp.size, "size": size})
+    return {"ok": True, "origin": origin, "checked": checked}

@@ -158,3 +158,17 @@ class KeyRotation(TypedDict):
     until: int
     position: int
     statement: str
+
+
+class CheckedCheckpoint(TypedDict):
+    origin: str
+    cosigned_size: int
+    size: int
+
+
+class ResumeCheck(TypedDict):
+    """``audit resume-check``: every cosigned checkpoint this log extends (R29)."""
+
+    ok: bool
+    origin: str
+    checked: list[CheckedCheckpoint]

@@ -114,6 +114,29 @@ def audit_rotate_key(old: Path, new: str, overlap: int, as_json: bool) -> None:
     emit(as_json, document, human)
 
 
+@audit_group.command("resume-check")
+@click.argument("note", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@json_option
+def audit_resume_check(note: Path | None, as_json: bool) -> None:
+    """Check, as a witness would, that this log extends a cosigned checkpoint: NOTE (the
+    last one the witnesses cosigned, or one a newer export carried), by default every
+    cosigned checkpoint the store holds. A restored older backup is STALE (exit 5: a
+    rollback, refused by witnesses and clients); a log that forked from it is INTEGRITY
+    (exit 6). Run it after a restore, before signing anything."""
+    document = store().resume_check(note)
+
+    def human() -> None:
+        for c in document["checked"]:
+            click.echo(
+                f"ok: {c['origin']} at size {c['size']} extends the cosigned size "
+                f"{c['cosigned_size']}"
+            )
+        if not document["checked"]:
+            click.echo("no cosigned checkpoint to check against")
+
+    emit(as_json, document, human)
+
+
 @audit_group.command("checkpoint")
 @click.option(
     "--sign",

@@ -1,0 +1,205 @@
+"""R29 (issue 28 item 7): an export carries the latest cosigned checkpoints, and a restore
+resumes under the same origin only when it holds the cosigned tree.
+
+The collector keeps the last cosigned note per origin in ``ledger_checkpoint``; ``export``
+writes each as a checkpoint line before the trailer (trailer version 2 counts them) and
+``import`` checks them against the log it loaded and writes them back. The disaster
+recovery path README documents is tested here: restoring the newest export resumes
+(``audit resume-check`` against the witnesses' last cosigned note passes); restoring an
+older one is a rollback (STALE), and publishing on it forks (INTEGRITY).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from domain import merkle
+from domain.notes import Checkpoint, SignerKey
+from ledger.api import open_store
+from ledger.log.db import open_database
+from ledger.store import carried_checkpoints
+from ledger.store.log_identity import origin_of
+from tests.support.cli_inprocess import cli, cli_json
+from tests.support.gitrepo import push_closure
+from tests.support.lifecycle_support import World
+
+
+def _ensure_table(url: str) -> None:
+    """``ledger_checkpoint`` as schema step 3 declares it (the server's branch); a store
+    that has it already is left alone."""
+    db = open_database(url, create=False)
+    try:
+        md = sa.MetaData()
+        sa.Table(
+            "ledger_checkpoint",
+            md,
+            sa.Column("origin", sa.VARBINARY(255), primary_key=True),
+            sa.Column("size", sa.BigInteger(), nullable=False),
+            sa.Column("root", sa.VARBINARY(32), nullable=False),
+            sa.Column("note", sa.LargeBinary(), nullable=False),
+            sa.Column("stored_at_us", sa.BigInteger(), nullable=False),
+        )
+        md.create_all(db.engine, checkfirst=True)
+    finally:
+        db.close()
+
+
+def _cosignature(body: str, witness: Ed25519PrivateKey, name: str, now: int) -> str:
+    """A C2SP tlog-cosignature ``cosignature/v1`` line by ``witness`` over ``body``."""
+    public = witness.public_key().public_bytes_raw()
+    ident = hashlib.sha256(name.encode() + b"\n\x04" + public).digest()[:4]
+    signed = f"cosignature/v1\ntime {now}\n{body}".encode()
+    raw = ident + now.to_bytes(8, "big") + witness.sign(signed)
+    return f"\u2014 {name} {base64.b64encode(raw).decode()}\n"
+
+
+def _collect(url: str, key: SignerKey, witness: Ed25519PrivateKey) -> str:
+    """What the collector does: sign the catalog checkpoint, have it cosigned, store it."""
+    with open_store(url) as store:
+        ledger = store.ledger
+        origin = origin_of(ledger) + "/catalog"
+        with ledger.db.read() as conn:
+            leaves = [merkle.leaf_hash(e) for e in carried_checkpoints.catalog_event_ids(conn)]
+        cp = Checkpoint(origin, len(leaves), merkle.root(leaves))
+        note = key.sign(cp.text()) + _cosignature(cp.text(), witness, "w1", int(time.time()))
+        with ledger.db.write() as conn:
+            table = carried_checkpoints.TABLE
+            conn.execute(sa.delete(table).where(table.c.origin == origin.encode()))
+            conn.execute(
+                table.insert(),
+                {
+                    "origin": origin.encode(),
+                    "size": cp.size,
+                    "root": cp.root,
+                    "note": note.encode(),
+                    "stored_at_us": 1,
+                },
+            )
+    return note
+
+
+def _export(url: str, path: Path) -> bytes:
+    result = cli("--db", url, "export", "--jsonl", "--out", str(path))
+    assert result.code == 0, result.stderr
+    return path.read_bytes()
+
+
+def _restore(url: str, path: Path) -> None:
+    assert cli_json("--db", url, "init")[0] == 0
+    _ensure_table(url)
+    code, doc = cli_json("--db", url, "import", "--jsonl", str(path), "--workers", "1")
+    assert code == 0, doc
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A store signed and cosigned at revision 1 (export ``old``), then at revision 2
+    (export ``new``; ``note`` the witnesses' last cosigned note)."""
+    tmp = tmp_path_factory.mktemp("source")
+    url = f"sqlite:///{tmp / 'source.db'}"
+    world = World(tmp, url)
+    _ensure_table(url)
+    key, witness = SignerKey.generate("log"), Ed25519PrivateKey.generate()
+    (tmp / "log.key").write_text(key.text(), encoding="utf-8")
+    try:
+        packs = [world.official("sales", world.commit("sales", 1))]
+        world.service.apply(world.manifest(packs, push_closure("app:crm", "sales")))
+        assert cli("--db", url, "audit", "checkpoint", "--sign", str(tmp / "log.key")).code == 0
+        _collect(url, key, witness)
+        _export(url, tmp / "old.jsonl")
+        bindings = push_closure("app:crm", "sales") + push_closure("app:erp", "sales")
+        world.service.apply(world.manifest(packs, bindings))
+        (tmp / "note").write_text(_collect(url, key, witness), encoding="utf-8")
+        _export(url, tmp / "new.jsonl")
+    finally:
+        world.close()
+    return {"old": tmp / "old.jsonl", "new": tmp / "new.jsonl", "note": tmp / "note"}
+
+
+def test_r29_an_export_carries_the_cosigned_checkpoints_and_a_restore_keeps_them(
+    tmp_path: Path, engine_url: str, exports: dict[str, Path]
+) -> None:
+    lines = exports["new"].read_bytes().splitlines()
+    carried, trailer = json.loads(lines[-2]), json.loads(lines[-1])
+    note = exports["note"].read_text(encoding="utf-8")
+    assert carried["checkpoint"] == 1 and carried["note"] == note
+    assert carried["origin"].endswith("/catalog") and carried["size"] == 2
+    assert (trailer["trailer"], trailer["checkpoints"]) == (2, 1)
+    _restore(engine_url, exports["new"])
+    assert _export(engine_url, tmp_path / "again.jsonl") == exports["new"].read_bytes()
+    code, ok = cli_json("--db", engine_url, "audit", "resume-check", str(exports["note"]))
+    assert code == 0, ok
+    assert ok["checked"] == [{"origin": carried["origin"], "cosigned_size": 2, "size": 2}]
+    world = World(tmp_path, engine_url)  # the restored store publishes on: it extends
+    try:
+        packs = [world.official("other", world.commit("other", 1))]
+        world.service.apply(world.manifest(packs, push_closure("app:new", "other")))
+    finally:
+        world.close()
+    code, ok = cli_json("--db", engine_url, "audit", "resume-check", str(exports["note"]))
+    assert code == 0 and ok["checked"][0]["size"] == 3, ok
+
+
+def test_r29_restoring_an_older_backup_is_a_rollback_and_publishing_on_it_a_fork(
+    tmp_path: Path, mysql_url: str, exports: dict[str, Path]
+) -> None:
+    _restore(mysql_url, exports["old"])
+    code, own = cli_json("--db", mysql_url, "audit", "resume-check")
+    assert code == 0 and own["checked"][0]["cosigned_size"] == 1, own  # its own: size 1
+    code, stale = cli_json("--db", mysql_url, "audit", "resume-check", str(exports["note"]))
+    assert code == 5 and stale["error"] == "STALE", stale
+    assert (stale["details"]["required"], stale["details"]["served"]) == (2, 1)
+    world = World(tmp_path, mysql_url)  # "catching up" by publishing anew
+    try:
+        packs = [world.official("other", world.commit("other", 1))]
+        world.service.apply(world.manifest(packs, push_closure("app:new", "other")))
+    finally:
+        world.close()
+    code, fork = cli_json("--db", mysql_url, "audit", "resume-check", str(exports["note"]))
+    assert code == 6 and fork["details"]["reason"] == "inconsistent_tree", fork
+
+
+def _refused(url: str, path: Path, lines: list[bytes]) -> dict[str, object]:
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    code, doc = cli_json("--db", url, "import", "--jsonl", str(path), "--workers", "1")
+    assert code in (3, 6), doc
+    code, log = cli_json("--db", url, "log", "--from", "1", "--limit", "1")
+    assert log["head"]["position"] == 0  # nothing was imported
+    return dict(doc["details"])
+
+
+def test_r29_an_import_refuses_checkpoint_lines_that_are_not_of_the_log_it_loads(
+    tmp_path: Path, sqlite_url: str, exports: dict[str, Path]
+) -> None:
+    assert cli_json("--db", sqlite_url, "init")[0] == 0
+    _ensure_table(sqlite_url)
+    lines = exports["new"].read_bytes().splitlines()
+    carried = json.loads(lines[-2])
+    other = SignerKey.generate("log")
+
+    def with_line(doc: dict[str, object]) -> list[bytes]:
+        return [*lines[:-2], json.dumps(doc).encode(), lines[-1]]
+
+    old_root = json.loads(exports["old"].read_bytes().splitlines()[-2])["root"]
+    stale_body = Checkpoint(carried["origin"], 2, base64.b64decode(old_root)).text()
+    wrong_root = {**carried, "root": old_root, "note": other.sign(stale_body)}
+    assert _refused(sqlite_url, tmp_path / "a", with_line(wrong_root))["field"] == "checkpoint.root"
+    foreign_cp = Checkpoint("example.com/log", 2, base64.b64decode(carried["root"]))
+    foreign = {**carried, "origin": foreign_cp.origin, "note": other.sign(foreign_cp.text())}
+    assert _refused(sqlite_url, tmp_path / "b", with_line(foreign))["field"] == "checkpoint.origin"
+    said = {**carried, "size": 1}
+    assert _refused(sqlite_url, tmp_path / "c", with_line(said))["field"] == "checkpoint.note"
+    dropped = [*lines[:-2], lines[-1]]
+    assert _refused(sqlite_url, tmp_path / "d", dropped)["field"] == "trailer.checkpoints"
+    late = [*lines[:-3], lines[-2], lines[-3], lines[-1]]
+    assert _refused(sqlite_url, tmp_path / "e", late)["check"] == "checkpoint"
+    extra = {**carried, "signed_by": "me"}
+    assert _refused(sqlite_url, tmp_path / "f", with_line(extra))["field"] == "checkpoint.signed_by"
