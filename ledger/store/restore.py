@@ -23,9 +23,12 @@ touched here; the caller rebuilds them from the imported log (the existing
 blue/green rebuild).
 
 The target keeps its own ``store_id`` (``ledger_meta``): it is a different
-store holding the same log, so its checkpoints name it as their origin while
-size and root stay those of the source (a checkpoint taken on the source
-still proves the restored log extends it).
+store holding the same log. The checkpoint origin is the log's (its
+``log.named`` event, imported like any row; R29), so the restored store signs
+the same tree under the same origin; a log exported before it was named takes
+the target's store origin until ``audit origin --name --origin`` restores the
+pinned one. The export's checkpoint lines (the latest cosigned checkpoints) are
+checked against the loaded log and written back (``carried_checkpoints``).
 
 A 0.1 export has no ``state_b64``: its state bytes are then the canonical
 encoding (orjson, sorted keys) of its ``state``, which is how 0.1 wrote
