@@ -582,10 +582,10 @@ TRAILER_REFUSALS: dict[str, tuple[Tamper, int, dict[str, Any], str]] = {
     "wrong_root": (_set("root", OTHER_ROOT), 0, {"field": "trailer.root"}, OTHER_ROOT),
     "says_damaged": (_set("damaged", 2), 0, {"field": "trailer.damaged"}, "2 row(s)"),
     "unknown_version": (
-        _set("trailer", 2),
+        _set("trailer", 3),  # 2 exists since R29: it counts checkpoint lines
         0,
         {"field": "trailer.trailer"},
-        "trailer version 2 is not one this release reads",
+        "trailer version 3 is not one this release reads",
     ),
     "not_last": (
         _move_trailer_up,
