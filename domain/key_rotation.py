@@ -145,13 +145,15 @@ def apply_rotation(
             f"the key rotation's old key {rotation.old.text()} is not a pinned key valid now",
             reason="not_pinned",
         )
-    _check_signature(signer.key, statement)
+    check_signature(signer.key, statement)
     kept = tuple(k for k in keys if k.key.public not in (rotation.old.public, rotation.new.public))
     return (*kept, PinnedKey(signer.key, rotation.until), PinnedKey(rotation.new))
 
 
-def _check_signature(key: VerifierKey, note: str) -> None:
-    """``VerifierKey.verify`` for a note whose body is not a checkpoint."""
+def check_signature(key: VerifierKey, note: str) -> None:
+    """``VerifierKey.verify`` for a note whose body is not a checkpoint: INTEGRITY
+    (``bad_signature``, ``no_signature``) unless ``note`` carries a valid signature by
+    ``key``."""
     text, sep, signatures = note.partition("\n\n")
     if not sep:
         raise IntegrityFailure("the key rotation is not signed", reason="no_signature")

@@ -126,6 +126,12 @@ def verify(
         sources=sources,
         progress=progress,
     )
+    if replay and report.ok:  # the log's key rotations chain (R29)
+        from ledger.audit.log_keys import check_log_keys
+        from ledger.audit.verify import Problem
+
+        report.checks.append("keys")
+        report.problems += [Problem(p, "keys", m) for p, m in check_log_keys(ledger)]
     if not report.ok:
         first = report.first()
         assert first is not None

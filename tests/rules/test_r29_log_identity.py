@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from domain.errors import IntegrityFailure
-from domain.key_rotation import PinnedKey, Rotation, apply_rotation
+from domain.key_rotation import PinnedKey, Rotation, apply_rotation, rotation_statement
 from domain.notes import Checkpoint, SignerKey, VerifierKey
 from ledger.api import open_store
-from ledger.store.log_identity import rotations
+from ledger.store.log_identity import record_rotation, rotations
 from tests.support.cli_inprocess import cli, cli_json
 
 
@@ -173,3 +173,36 @@ def test_r29_a_key_rotation_is_recorded_signed_by_the_current_key_and_applied_by
     assert code == 4 and refused["details"]["field"] == "old", refused
     code, same = cli_json(*rotate, "--old", str(tmp_path / "new.key"), "--new", new.text())
     assert code == 3 and same["details"]["field"] == "new", same
+
+
+def test_r29_audit_verify_checks_the_chain_of_key_rotations(
+    tmp_path: Path, engine_url: str
+) -> None:
+    _init(engine_url)
+    first = _keygen(engine_url, tmp_path / "first.key")
+    second, third = SignerKey.generate("second"), SignerKey.generate("third")
+    code, doc = cli_json(
+        "--db",
+        engine_url,
+        "audit",
+        "rotate-key",
+        "--old",
+        str(tmp_path / "first.key"),
+        "--new",
+        second.verifier.text(),
+        "--overlap",
+        "60",
+    )
+    assert code == 0, doc
+    code, audit = cli_json("--db", engine_url, "audit", "verify")
+    assert code == 0 and "keys" in audit["checks"], audit
+    # A statement by a key that is not the log's current one, written past the command's
+    # own check (as a tampering writer would), is named by the audit at its position.
+    forged = rotation_statement(str(doc["origin"]), third, first.verifier, 2_000_000_000)
+    with open_store(engine_url) as store:
+        position = record_rotation(store.ledger, forged)
+    code, failed = cli_json("--db", engine_url, "audit", "verify")
+    assert code == 6, failed
+    first_problem = failed["details"]["problems"][0]
+    assert (first_problem["position"], first_problem["check"]) == (position, "keys")
+    assert "not the log's current key" in first_problem["message"]
