@@ -315,6 +315,7 @@ PRODUCT_TYPES: tuple[EventType, ...] = (
     # New in issue 28 (R29): the log's own identity — its origin, named once, and its
     # signing-key rotations (domain/log_identity.py).
     EventType("log.named", LogIdentity.Named, LogIdentity),
+    EventType("log.renamed", LogIdentity.Renamed, LogIdentity),
     EventType("log_key.rotated", LogIdentity.KeyRotated, LogIdentity),
 )
 #: The table every reader and writer uses (tests may register types of their own).
@@ -346,6 +347,7 @@ T_RECORDED = "command.recorded"
 T_CREDENTIAL_ISSUED = "credential.issued"
 T_CREDENTIAL_REVOKED = "credential.revoked"
 T_LOG_NAMED = "log.named"
+T_LOG_RENAMED = "log.renamed"
 T_LOG_KEY_ROTATED = "log_key.rotated"
 
 #: Types whose facts are about one pack's lifecycle (``history --pack``).

@@ -7,9 +7,12 @@ the *store instance* (``ledger_meta``), so a log moved to another engine by ``ex
 ``import`` was signed under a new origin and every witness answered "unknown log origin".
 The origin is now a fact of the log itself: ``log.named`` (the first event of the
 ``LogIdentity`` aggregate) states it, ``export`` carries it like any event, and ``import``
-writes it back byte for byte. A log with no ``log.named`` event (a store written before it
-existed, or one that was never signed) keeps the origin it always had,
-``catalog-ledger/<store id>``, until its first signing names it with exactly that.
+writes it back byte for byte. ``log.renamed`` gives the log a new origin, which makes it
+another log to witnesses and clients (the disaster-recovery path when a restored log
+cannot resume under its old origin: clients re-pin). A log with no ``log.named`` event
+(a store written before it existed, or one that was never signed) keeps the origin it
+always had, ``catalog-ledger/<store id>``, until its first signing names it with exactly
+that.
 
 The log's signing key can rotate: ``log_key.rotated`` holds a *rotation statement*, a C2SP
 signed note by the old key whose body says which key replaces which, for which origin, and
@@ -71,9 +74,14 @@ def check_origin(origin: object, *, field: str = "origin") -> str:
 
 
 class LogIdentity(Aggregate):
-    """The log's origin (named once) and its signing-key rotations."""
+    """The log's origin (named once, renamed only to become another log) and its
+    signing-key rotations."""
 
     class Named(Aggregate.Created):
+        origin: str
+
+    class Renamed(Aggregate.Event):
+        #: The log's new origin: from here on it is another log to witnesses and clients.
         origin: str
 
     class KeyRotated(Aggregate.Event):
@@ -88,6 +96,10 @@ class LogIdentity(Aggregate):
     def __init__(self, origin: str) -> None:
         self.origin = origin
         self.statements: list[str] = []
+
+    @event(Renamed)
+    def rename(self, origin: str) -> None:
+        self.origin = origin
 
     @event(KeyRotated)
     def rotate(self, statement: str) -> None:

@@ -484,11 +484,16 @@ class Store:
             clock=clock or time.time,
         )
 
-    def origin(self, *, name: bool = False, origin: str | None = None) -> LogOrigin:
+    def origin(
+        self, *, name: bool = False, origin: str | None = None, new: bool = False
+    ) -> LogOrigin:
         """The log's origin (R29); ``name`` appends ``log.named`` if the log has none, with
-        ``origin`` or else the origin the log has had so far."""
+        ``origin`` or else the origin the log has had so far; ``new`` gives the log a new
+        origin (``log.renamed``: ``origin``, else this store's), which clients re-pin."""
         from ledger.audit import operations as audit_operations
 
+        if new:
+            return audit_operations.new_origin(self.ledger, origin)
         if name or origin is not None:
             return audit_operations.name_origin(self.ledger, origin)
         return audit_operations.origin(self.audit_ledger)

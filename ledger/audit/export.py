@@ -17,6 +17,7 @@ from domain.event_types import (
 )
 from ledger.log.trailer import Trailer
 from ledger.store import carried_checkpoints
+from ledger.store.log_identity import origin_of
 from ledger.store.runtime import Ledger
 
 _SQL = {str: "TEXT", int: "an INTEGER", float: "a REAL", type(None): "NULL"}
@@ -63,8 +64,10 @@ def export_jsonl(ledger: Ledger, out: TextIO) -> int:
                     first = (line["position"], column, problem)
             out.write(orjson.dumps(line).decode() + "\n")
             count += 1
-        # The latest cosigned checkpoints, read with the rows (R29): a restore keeps them.
-        carried = carried_checkpoints.read_all(conn)
+        # The latest cosigned checkpoints of this log (not of an origin it had before a
+        # log.renamed), read with the rows (R29): a restore keeps them.
+        ours = (origin := origin_of(ledger), origin + carried_checkpoints.CATALOG_SUFFIX)
+        carried = [c for c in carried_checkpoints.read_all(conn) if c.origin in ours]
         for checkpoint in carried:
             out.write(orjson.dumps(checkpoint.to_json()).decode() + "\n")
     position, chain, head_problem = _head(head)

@@ -246,6 +246,14 @@ def name_origin(ledger: Ledger, wanted: str | None) -> LogOrigin:
     return {"origin": named, "named": True, "appended": appended}
 
 
+def new_origin(ledger: Ledger, wanted: str | None) -> LogOrigin:
+    """Give the log a new origin (``log.renamed``): ``wanted``, by default this store's
+    ``catalog-ledger/<store id>``. It is then another log to witnesses and clients."""
+    from ledger.store.log_identity import rename_log
+
+    return {"origin": rename_log(ledger, wanted), "named": True, "appended": True}
+
+
 def rotate_key(ledger: Ledger, *, old: Path, new: str, overlap: int, now: int) -> KeyRotation:
     """Record ``log_key.rotated``: the statement signed by the old signer key ``old``
     announcing ``new`` (a verifier key, as a file or text, or a signer key file whose
@@ -307,7 +315,8 @@ def resume_check(ledger: Ledger, note_file: Path | None) -> ResumeCheck:
             cosigned = [Checkpoint.parse(read_text(note_file, "checkpoint"))]
         else:
             stored = carried_checkpoints.read_all(conn)
-            cosigned = [Checkpoint(c.origin, c.size, c.root) for c in stored]
+            ours = (origin, origin + carried_checkpoints.CATALOG_SUFFIX)
+            cosigned = [Checkpoint(c.origin, c.size, c.root) for c in stored if c.origin in ours]
         catalog = [merkle.leaf_hash(e) for e in carried_checkpoints.catalog_event_ids(conn)]
     checked: list[CheckedCheckpoint] = []
     log = MerkleLog(ledger)

@@ -54,14 +54,23 @@ def audit_keygen(name: str | None, out: Path, as_json: bool) -> None:
     help="With --name: the origin to record (default: the one the log has had so far), "
     "e.g. the pinned origin of a log restored from an export made before it was named.",
 )
+@click.option(
+    "--new",
+    "new",
+    is_flag=True,
+    help="Give the log a new origin (`log.renamed`; --origin, default catalog-ledger/<this "
+    "store's id>): a restore that cannot resume becomes a new log, which clients re-pin.",
+)
 @json_option
-def audit_origin(name: bool, origin: str | None, as_json: bool) -> None:
+def audit_origin(name: bool, origin: str | None, new: bool, as_json: bool) -> None:
     """Print the log's checkpoint origin. It is a fact of the log (`log.named`, carried
     by `export`), so a log moved to another engine keeps it; a log never named has
     `catalog-ledger/<store id>` until its first signing records exactly that."""
-    if origin is not None and not name:
-        raise UsageError("--origin needs --name")
-    document = store().origin(name=name, origin=origin)
+    if name and new:
+        raise UsageError("give --name or --new, not both")
+    if origin is not None and not (name or new):
+        raise UsageError("--origin needs --name or --new")
+    document = store().origin(name=name, origin=origin, new=new)
 
     def human() -> None:
         state = (

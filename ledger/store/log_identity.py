@@ -13,27 +13,28 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from domain.errors import Conflict, IntegrityFailure, InvalidInput
-from domain.event_types import T_LOG_NAMED
+from domain.errors import Conflict, InvalidInput
 from domain.log_identity import LogIdentity, check_origin, default_origin, log_identity_id
 from ledger.log import tables as schema
 from ledger.store.runtime import Ledger
 
-__all__ = ["name_log", "named_origin", "origin_of", "record_rotation", "rotations"]
+__all__ = [
+    "name_log",
+    "named_origin",
+    "origin_of",
+    "record_rotation",
+    "rename_log",
+    "rotations",
+]
 
 
 def named_origin(ledger: Ledger) -> str | None:
-    """The origin ``log.named`` states, or None when the log was never named."""
+    """The origin the log states (its last ``log.named`` / ``log.renamed``), or None when
+    the log was never named: one read of the log identity aggregate's few events, by its
+    index (a tampered sequence is INTEGRITY naming the position)."""
     with ledger.db.read() as conn:
-        first = ledger.recorder.first_events(conn, [log_identity_id()]).get(log_identity_id())
-    if first is None:
-        return None
-    if first.type != T_LOG_NAMED:  # the fixed aggregate's first event is always log.named
-        raise IntegrityFailure(
-            f"the log identity aggregate starts with {first.type}, not {T_LOG_NAMED}",
-            position=first.position,
-        )
-    return str(first.data["origin"])
+        identity = ledger.repository(conn).get(log_identity_id(), LogIdentity)
+    return None if identity is None else str(identity.origin)
 
 
 def store_origin(ledger: Ledger) -> str:
@@ -76,6 +77,30 @@ def name_log(ledger: Ledger, origin: str | None = None) -> tuple[str, bool]:
             origin=named,
         )
     return named, False
+
+
+def rename_log(ledger: Ledger, origin: str | None = None) -> str:
+    """Give the log a new origin (``log.renamed``; ``log.named`` if it was never named):
+    ``origin``, by default this store's ``catalog-ledger/<store id>``. From here on it is
+    another log to witnesses and clients, which re-pin it. CONFLICT when the log already
+    has that origin."""
+    wanted = check_origin(origin) if origin is not None else store_origin(ledger)
+    named = named_origin(ledger)
+    if named is None:
+        name_log(ledger, wanted)
+        return wanted
+    if named == wanted:
+        raise Conflict(
+            f"the log's origin is {named!r} already; give another with --origin",
+            field="origin",
+            origin=named,
+        )
+    with ledger.db.read() as conn:
+        identity = ledger.repository(conn).get(log_identity_id(), LogIdentity)
+    assert identity is not None
+    identity.rename(wanted)
+    ledger.app.save(identity, fence={identity.id: identity.version - 1})
+    return wanted
 
 
 def record_rotation(ledger: Ledger, statement: str) -> int:

@@ -60,6 +60,7 @@ from domain.errors import IntegrityFailure, InvalidInput
 from domain.event_types import (
     EVENT_TYPES,
     T_LOG_NAMED,
+    T_LOG_RENAMED,
     T_PUBLISHED,
     StoredType,
     UnknownEventType,
@@ -553,10 +554,11 @@ _CATALOG_ID = catalog_id().bytes
 
 
 def _note_identity(row: _Row, identity: dict[bytes, str | None], catalog_ids: list[bytes]) -> None:
-    """The log's origin (its ``log.named``) and the catalog log's leaves (the event ids of
-    ``catalog.published``), as the rows stream by (the row is checked already)."""
+    """The log's origin (its last ``log.named`` / ``log.renamed``) and the catalog log's
+    leaves (the event ids of ``catalog.published``), as the rows stream by (the row is
+    checked already)."""
     name = _resolve(row.topic).type.name
-    if row.aggregate == _LOG_ID and name == T_LOG_NAMED:
+    if row.aggregate == _LOG_ID and name in (T_LOG_NAMED, T_LOG_RENAMED):
         identity[_LOG_ID] = str(orjson.loads(row.state)["origin"])
     elif row.aggregate == _CATALOG_ID and name == T_PUBLISHED:
         catalog_ids.append(row.event_id)

@@ -92,7 +92,9 @@ def _export(url: str, path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _restore(url: str, path: Path) -> None:
+def _restore(url: str, path: Path, *, source: str | None = None) -> None:
+    if source is not None:
+        _export(source, path)
     assert cli_json("--db", url, "init")[0] == 0
     _ensure_table(url)
     code, doc = cli_json("--db", url, "import", "--jsonl", str(path), "--workers", "1")
@@ -165,6 +167,27 @@ def test_r29_restoring_an_older_backup_is_a_rollback_and_publishing_on_it_a_fork
         world.close()
     code, fork = cli_json("--db", mysql_url, "audit", "resume-check", str(exports["note"]))
     assert code == 6 and fork["details"]["reason"] == "inconsistent_tree", fork
+    # The documented way out: a new origin (log.renamed), which clients re-pin.
+    old_origin = _checkpoint_origin(mysql_url)
+    code, renamed = cli_json("--db", mysql_url, "audit", "origin", "--new")
+    assert code == 0 and renamed["origin"] != old_origin, renamed
+    assert _checkpoint_origin(mysql_url) == renamed["origin"]
+    code, other = cli_json("--db", mysql_url, "audit", "resume-check", str(exports["note"]))
+    assert code == 6 and other["details"]["reason"] == "wrong_origin", other
+    code, again = cli_json("--db", mysql_url, "audit", "origin", "--new")
+    assert code == 4, again  # it has that origin already
+    # It moves with its new origin; the old origin's cosigned notes stay behind.
+    moved = f"sqlite:///{tmp_path / 'moved.db'}"
+    _restore(moved, tmp_path / "renamed.jsonl", source=mysql_url)
+    assert _checkpoint_origin(moved) == renamed["origin"]
+    code, audit = cli_json("--db", moved, "audit", "verify")
+    assert code == 0, audit
+
+
+def _checkpoint_origin(url: str) -> str:
+    code, doc = cli_json("--db", url, "audit", "checkpoint")
+    assert code == 0, doc
+    return str(doc["origin"])
 
 
 def _refused(url: str, path: Path, lines: list[bytes]) -> dict[str, object]:
