@@ -27,6 +27,7 @@ from ledger.api import open_store
 from ledger.log.db import open_database
 from ledger.store import carried_checkpoints
 from ledger.store.log_identity import origin_of
+from tests.support import reference_verifier as ref
 from tests.support.cli_inprocess import cli, cli_json
 from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World
@@ -135,6 +136,11 @@ def test_r29_an_export_carries_the_cosigned_checkpoints_and_a_restore_keeps_them
     assert carried["checkpoint"] == 1 and carried["note"] == note
     assert carried["origin"].endswith("/catalog") and carried["size"] == 2
     assert (trailer["trailer"], trailer["checkpoints"]) == (2, 1)
+    # The reference verifier, written from LOG-FORMAT.md, reads the checkpoint lines too.
+    text = [x.decode() for x in lines]
+    assert ref.verify_export(text).size == json.loads(lines[-3])["position"]
+    with pytest.raises(ref.Mismatch):
+        ref.verify_export([*text[:-2], json.dumps({**carried, "size": 1}), text[-1]])
     _restore(engine_url, exports["new"])
     assert _export(engine_url, tmp_path / "again.jsonl") == exports["new"].read_bytes()
     code, ok = cli_json("--db", engine_url, "audit", "resume-check", str(exports["note"]))
