@@ -52,7 +52,8 @@ def audit_keygen(name: str | None, out: Path, as_json: bool) -> None:
     default=None,
     metavar="ORIGIN",
     help="With --name: the origin to record (default: the one the log has had so far), "
-    "e.g. the pinned origin of a log restored from an export made before it was named.",
+    "e.g. the pinned origin of a log restored from an export made before it was named. "
+    "With --new: the new origin.",
 )
 @click.option(
     "--new",
