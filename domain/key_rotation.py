@@ -11,22 +11,26 @@ A rotation statement is a C2SP signed note by the *old* key, recorded in the log
 
 It is covered by every later checkpoint of the log, so the witnesses that cosign those
 checkpoints cosign it too: every client is shown the same rotation (no split view of
-keys). ``apply_rotation`` is the whole rule a client (or an auditor) applies to its pinned
-key set. Pure: no I/O, no clock (``now`` is an argument).
+keys). ``rotation_in_log`` checks that a statement is in a (cosigned) checkpoint's tree;
+``apply_rotation`` is the whole rule a client (or an auditor) applies to its pinned key
+set. Pure: no I/O, no clock (``now`` is an argument).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from domain import merkle
+from domain.digests import event_id
 from domain.errors import IntegrityFailure, InvalidInput
-from domain.log_identity import check_origin
-from domain.notes import SignerKey, VerifierKey, key_id
+from domain.log_identity import check_origin, log_identity_id
+from domain.notes import Checkpoint, SignerKey, VerifierKey, key_id
 
 #: The first line of a rotation statement's body (its format and version).
 ROTATION_HEADER = "catalog-ledger key rotation v1"
@@ -180,3 +184,53 @@ def check_signature(key: VerifierKey, note: str) -> None:
     raise IntegrityFailure(
         f"the key rotation has no signature by its old key {key.name}", reason="no_signature"
     )
+
+
+@dataclass(frozen=True)
+class StoredRotation:
+    """A ``log_key.rotated`` event as stored (LOG-FORMAT "Row fields"), for a client that is
+    shown it with an inclusion proof under a cosigned checkpoint of the main log."""
+
+    aggregate_id: bytes
+    version: int
+    topic: bytes
+    state: bytes
+
+
+def rotation_in_log(
+    event: StoredRotation, leaf_index: int, proof: list[bytes], checkpoint: Checkpoint
+) -> str:
+    """The rotation statement ``event`` holds, if ``event`` is in the log ``checkpoint``
+    commits to (the RFC 9162 inclusion ``proof`` of its event id at ``leaf_index``): the
+    witnesses that cosigned ``checkpoint`` then vouch that every client sees this rotation.
+    The checkpoint's signature and cosignatures are checked by the caller, as for any
+    checkpoint. INTEGRITY ``not_a_rotation`` for another event, ``bad_inclusion`` when the
+    proof does not verify."""
+    topic = event.topic.decode("utf-8", "replace")
+    try:
+        state = json.loads(event.state)
+    except ValueError:
+        state = None
+    ok = (
+        event.aggregate_id == log_identity_id().bytes
+        and topic.rpartition("@")[0] == "log_key.rotated"
+        and isinstance(state, dict)
+        and isinstance(state.get("statement"), str)
+    )
+    if not ok:
+        raise IntegrityFailure(
+            "the event is not a log_key.rotated event of the log identity",
+            reason="not_a_rotation",
+        )
+    assert isinstance(state, dict)
+    ident = event_id(event.aggregate_id, event.version, event.topic, event.state)
+    try:
+        merkle.verify_inclusion(
+            leaf_index, checkpoint.size, merkle.leaf_hash(ident), proof, checkpoint.root
+        )
+    except IntegrityFailure:
+        raise IntegrityFailure(
+            f"the rotation event is not at leaf {leaf_index} of the checkpoint's tree",
+            reason="bad_inclusion",
+        ) from None
+    return str(state["statement"])

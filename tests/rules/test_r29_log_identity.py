@@ -10,12 +10,23 @@ first signing records exactly that. ``audit keygen`` names a key after the origi
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
+from typing import Any
+from uuid import UUID
 
 import pytest
 
 from domain.errors import IntegrityFailure
-from domain.key_rotation import PinnedKey, Rotation, apply_rotation, rotation_statement
+from domain.key_rotation import (
+    PinnedKey,
+    Rotation,
+    StoredRotation,
+    apply_rotation,
+    rotation_in_log,
+    rotation_statement,
+)
 from domain.notes import Checkpoint, SignerKey, VerifierKey
 from ledger.api import open_store
 from ledger.store.log_identity import record_rotation, rotations
@@ -173,6 +184,33 @@ def test_r29_a_key_rotation_is_recorded_signed_by_the_current_key_and_applied_by
     assert code == 4 and refused["details"]["field"] == "old", refused
     code, same = cli_json(*rotate, "--old", str(tmp_path / "new.key"), "--new", new.text())
     assert code == 3 and same["details"]["field"] == "new", same
+    # The rotation is a log fact: a signed checkpoint that covers it, once cosigned,
+    # vouches that every client sees it (rotation_in_log: the client's inclusion check).
+    signed = _checkpoint(sqlite_url, "--sign", str(tmp_path / "old.key"))
+    cp = old.verifier.verify(str(signed["note"]))
+    proved = cli("--db", sqlite_url, "audit", "prove", "--position", str(doc["position"]))
+    inclusion = json.loads(proved.stdout)
+    proof = [base64.b64decode(p) for p in inclusion["proof"]]
+    exported = tmp_path / "log.jsonl"
+    assert cli("--db", sqlite_url, "export", "--jsonl", "--out", str(exported)).code == 0
+    lines = [json.loads(x) for x in exported.read_text(encoding="utf-8").splitlines()[:-1]]
+
+    def stored(line: dict[str, Any]) -> StoredRotation:
+        return StoredRotation(
+            UUID(line["aggregate_id"]).bytes,
+            line["version"],
+            line["topic"].encode(),
+            base64.b64decode(line["state_b64"]),
+        )
+
+    event = stored(lines[doc["position"] - 1])
+    assert rotation_in_log(event, doc["position"] - 1, proof, cp) == doc["statement"]
+    with pytest.raises(IntegrityFailure) as elsewhere:
+        rotation_in_log(event, 0, proof, cp)
+    assert elsewhere.value.details["reason"] == "bad_inclusion"
+    with pytest.raises(IntegrityFailure) as named:
+        rotation_in_log(stored(lines[0]), 0, proof, cp)  # log.named, not a rotation
+    assert named.value.details["reason"] == "not_a_rotation"
 
 
 def test_r29_audit_verify_checks_the_chain_of_key_rotations(
