@@ -188,10 +188,12 @@ def cosign(
     from ledger.audit.cosign import cosign as collect
     from ledger.audit.proofs import origin_of
     from ledger.store.catalog_log import catalog_origin
+    from ledger.store.log_identity import name_log
 
     signer = SignerKey.parse(read_text(sign, "sign"), field="sign")
     document = parse_json(read_text(policy, "policy"), source=str(policy))
     parsed = parse_policy(document)
+    name_log(ledger)  # the signed origin is a log fact, carried by export (R29)
     origin = catalog_origin(origin_of(ledger))
     check_policy(parsed, origin, signer)
     return collect(
@@ -307,6 +309,7 @@ def resume_check(ledger: Ledger, note_file: Path | None) -> ResumeCheck:
     from domain.resume import check_resume
     from ledger.audit.proofs import MerkleLog
     from ledger.store import carried_checkpoints
+    from ledger.store.catalog_log import CatalogLog, catalog_origin
     from ledger.store.log_identity import origin_of
 
     origin = origin_of(ledger)
@@ -315,17 +318,18 @@ def resume_check(ledger: Ledger, note_file: Path | None) -> ResumeCheck:
             cosigned = [Checkpoint.parse(read_text(note_file, "checkpoint"))]
         else:
             stored = carried_checkpoints.read_all(conn)
-            ours = (origin, origin + carried_checkpoints.CATALOG_SUFFIX)
+            ours = (origin, catalog_origin(origin))
             cosigned = [Checkpoint(c.origin, c.size, c.root) for c in stored if c.origin in ours]
-        catalog = [merkle.leaf_hash(e) for e in carried_checkpoints.catalog_event_ids(conn)]
+        catalog = CatalogLog(ledger.db)
+        catalog.refresh(conn)
     checked: list[CheckedCheckpoint] = []
     log = MerkleLog(ledger)
     for cp in cosigned:
-        if cp.origin == origin + carried_checkpoints.CATALOG_SUFFIX:
-            size = len(catalog)
-            current = Checkpoint(cp.origin, size, merkle.root(catalog))
+        if cp.origin == catalog_origin(origin):
+            size = catalog.size
+            current = catalog.checkpoint(cp.origin)
             extends = 0 < cp.size < size
-            proof = merkle.consistency_proof(catalog, cp.size, size) if extends else []
+            proof = catalog.consistency(cp.size, size) if extends else []
         else:
             size = log.size()
             current = Checkpoint(origin, size, log.root(size) if size else merkle.EMPTY_ROOT)

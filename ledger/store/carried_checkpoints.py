@@ -7,8 +7,8 @@ loaded — the origin is the log's (``log.named``, else the target's store origi
 catalog log's, and the (size, root) is that tree at that size — and writes it back, so a
 restored store serves the same cosigned notes and its witnesses resume where they were.
 
-The table is addressed by name (``sa.table``) and its presence asked of the database, so
-this module does not depend on how the schema declares it.
+The table's presence is asked of the database: the read-only commands (``export``) also
+read stores of a schema older than the table.
 """
 
 from __future__ import annotations
@@ -20,17 +20,13 @@ from sqlalchemy.engine import Connection
 
 from domain import merkle
 from domain.errors import IntegrityFailure, InvalidInput
+from ledger.log import tables as schema
 from ledger.log.checkpoint_line import CheckpointLine
+from ledger.log.sqltypes import enc
+from ledger.store.catalog_log import stored_checkpoints
 
-NAME = "ledger_checkpoint"
-TABLE = sa.table(
-    NAME,
-    sa.column("origin"),
-    sa.column("size"),
-    sa.column("root"),
-    sa.column("note"),
-    sa.column("stored_at_us"),
-)
+TABLE = schema.checkpoint
+NAME = TABLE.name
 #: The catalog log's origin is the main log's followed by this (LOG-FORMAT "Catalog log").
 CATALOG_SUFFIX = "/catalog"
 
@@ -40,29 +36,14 @@ def has_table(conn: Connection) -> bool:
 
 
 def read_all(conn: Connection) -> list[CheckpointLine]:
-    """Every stored cosigned checkpoint, by origin (none when the store has no table)."""
+    """Every stored cosigned checkpoint, by origin (none for a store of a schema older
+    than the table, which the read-only audit commands still read)."""
     if not has_table(conn):
         return []
-    rows = conn.execute(
-        sa.select(TABLE.c.origin, TABLE.c.size, TABLE.c.root, TABLE.c.note, TABLE.c.stored_at_us)
-    ).all()
-    found = [
-        CheckpointLine(
-            origin=_text(origin),
-            size=int(size),
-            root=bytes(root),
-            note=_text(note),
-            stored_at_us=int(stored),
-        )
-        for origin, size, root, note, stored in rows
+    return [
+        CheckpointLine(c.origin, c.size, c.root, c.note, c.stored_at_us)
+        for c in stored_checkpoints(conn)
     ]
-    return sorted(found, key=lambda c: c.origin.encode())
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).decode("utf-8")
-    return str(value)
 
 
 def check_and_write(
@@ -119,10 +100,10 @@ def check_and_write(
         TABLE.insert(),
         [
             {
-                "origin": c.origin.encode(),
+                "origin": enc(c.origin),
                 "size": c.size,
                 "root": c.root,
-                "note": c.note.encode(),
+                "note": enc(c.note),
                 "stored_at_us": c.stored_at_us,
             }
             for c, _ in carried
@@ -137,20 +118,3 @@ def _refused(line: int, key: str, problem: str) -> IntegrityFailure:
         field=f"checkpoint.{key}",
         check="checkpoint",
     )
-
-
-def catalog_event_ids(conn: Connection) -> list[bytes]:
-    """The catalog log's leaf data: the event ids of the ``catalog.published`` events, in
-    revision order (LOG-FORMAT "Catalog log")."""
-    from domain.catalog import catalog_id
-    from domain.event_types import EVENT_TYPES, T_PUBLISHED
-    from ledger.log import tables as schema
-
-    t = schema.events
-    topics = [x.encode() for x in EVENT_TYPES.topics_of([T_PUBLISHED])]
-    rows = conn.execute(
-        sa.select(t.c.event_id)
-        .where(t.c.aggregate_id == catalog_id().bytes, t.c.topic.in_(topics))
-        .order_by(t.c.position)
-    )
-    return [bytes(r[0]) for r in rows]

@@ -16,6 +16,8 @@ import sqlalchemy as sa
 from domain.errors import Conflict, InvalidInput
 from domain.log_identity import LogIdentity, check_origin, default_origin, log_identity_id
 from ledger.log import tables as schema
+from ledger.log.sqltypes import enc
+from ledger.store.catalog_log import catalog_origin
 from ledger.store.runtime import Ledger
 
 __all__ = [
@@ -100,6 +102,11 @@ def rename_log(ledger: Ledger, origin: str | None = None) -> str:
     assert identity is not None
     identity.rename(wanted)
     ledger.app.save(identity, fence={identity.id: identity.version - 1})
+    # The old origin's cosigned notes are another log's now: the collector stores the new
+    # origin's, and `audit verify` ties every stored row to this log.
+    t = schema.checkpoint
+    with ledger.db.write() as conn:
+        conn.execute(t.delete().where(t.c.origin.in_([enc(named), enc(catalog_origin(named))])))
     return wanted
 
 

@@ -18,39 +18,21 @@ import time
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from domain import merkle
 from domain.notes import Checkpoint, SignerKey
 from ledger.api import open_store
-from ledger.log.db import open_database
-from ledger.store import carried_checkpoints
+from ledger.store.catalog_log import (
+    CatalogLog,
+    StoredCheckpoint,
+    catalog_origin,
+    store_checkpoint,
+)
 from ledger.store.log_identity import origin_of
 from tests.support import reference_verifier as ref
 from tests.support.cli_inprocess import cli, cli_json
 from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World
-
-
-def _ensure_table(url: str) -> None:
-    """``ledger_checkpoint`` as schema step 3 declares it (the server's branch); a store
-    that has it already is left alone."""
-    db = open_database(url, create=False)
-    try:
-        md = sa.MetaData()
-        sa.Table(
-            "ledger_checkpoint",
-            md,
-            sa.Column("origin", sa.VARBINARY(255), primary_key=True),
-            sa.Column("size", sa.BigInteger(), nullable=False),
-            sa.Column("root", sa.VARBINARY(32), nullable=False),
-            sa.Column("note", sa.LargeBinary(), nullable=False),
-            sa.Column("stored_at_us", sa.BigInteger(), nullable=False),
-        )
-        md.create_all(db.engine, checkfirst=True)
-    finally:
-        db.close()
 
 
 def _cosignature(body: str, witness: Ed25519PrivateKey, name: str, now: int) -> str:
@@ -66,24 +48,11 @@ def _collect(url: str, key: SignerKey, witness: Ed25519PrivateKey) -> str:
     """What the collector does: sign the catalog checkpoint, have it cosigned, store it."""
     with open_store(url) as store:
         ledger = store.ledger
-        origin = origin_of(ledger) + "/catalog"
-        with ledger.db.read() as conn:
-            leaves = [merkle.leaf_hash(e) for e in carried_checkpoints.catalog_event_ids(conn)]
-        cp = Checkpoint(origin, len(leaves), merkle.root(leaves))
+        catalog = CatalogLog(ledger.db)
+        catalog.refresh()
+        cp = catalog.checkpoint(catalog_origin(origin_of(ledger)))
         note = key.sign(cp.text()) + _cosignature(cp.text(), witness, "w1", int(time.time()))
-        with ledger.db.write() as conn:
-            table = carried_checkpoints.TABLE
-            conn.execute(sa.delete(table).where(table.c.origin == origin.encode()))
-            conn.execute(
-                table.insert(),
-                {
-                    "origin": origin.encode(),
-                    "size": cp.size,
-                    "root": cp.root,
-                    "note": note.encode(),
-                    "stored_at_us": 1,
-                },
-            )
+        store_checkpoint(ledger.db, StoredCheckpoint(cp.origin, cp.size, cp.root, note, 1))
     return note
 
 
@@ -97,7 +66,6 @@ def _restore(url: str, path: Path, *, source: str | None = None) -> None:
     if source is not None:
         _export(source, path)
     assert cli_json("--db", url, "init")[0] == 0
-    _ensure_table(url)
     code, doc = cli_json("--db", url, "import", "--jsonl", str(path), "--workers", "1")
     assert code == 0, doc
 
@@ -109,7 +77,6 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("source")
     url = f"sqlite:///{tmp / 'source.db'}"
     world = World(tmp, url)
-    _ensure_table(url)
     key, witness = SignerKey.generate("log"), Ed25519PrivateKey.generate()
     (tmp / "log.key").write_text(key.text(), encoding="utf-8")
     try:
@@ -182,6 +149,8 @@ def test_r29_restoring_an_older_backup_is_a_rollback_and_publishing_on_it_a_fork
     assert code == 6 and other["details"]["reason"] == "wrong_origin", other
     code, again = cli_json("--db", mysql_url, "audit", "origin", "--new")
     assert code == 4, again  # it has that origin already
+    code, audit = cli_json("--db", mysql_url, "audit", "verify")  # the old notes are gone
+    assert code == 0, audit
     # It moves with its new origin; the old origin's cosigned notes stay behind.
     moved = f"sqlite:///{tmp_path / 'moved.db'}"
     _restore(moved, tmp_path / "renamed.jsonl", source=mysql_url)
@@ -209,7 +178,6 @@ def test_r29_an_import_refuses_checkpoint_lines_that_are_not_of_the_log_it_loads
     tmp_path: Path, sqlite_url: str, exports: dict[str, Path]
 ) -> None:
     assert cli_json("--db", sqlite_url, "init")[0] == 0
-    _ensure_table(sqlite_url)
     lines = exports["new"].read_bytes().splitlines()
     carried = json.loads(lines[-2])
     other = SignerKey.generate("log")
