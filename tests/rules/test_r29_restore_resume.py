@@ -1,59 +1,31 @@
 """R29 (issue 28 item 7): an export carries the latest cosigned checkpoints, and a restore
 resumes under the same origin only when it holds the cosigned tree.
 
-The collector keeps the last cosigned note per origin in ``ledger_checkpoint``; ``export``
-writes each as a checkpoint line before the trailer (trailer version 2 counts them) and
-``import`` checks them against the log it loaded and writes them back. The disaster
-recovery path README documents is tested here: restoring the newest export resumes
-(``audit resume-check`` against the witnesses' last cosigned note passes); restoring an
-older one is a rollback (STALE), and publishing on it forks (INTEGRITY).
+The collector (``cosign``) keeps the last cosigned note per origin in
+``ledger_checkpoint``; ``export`` writes each as a checkpoint line before the trailer
+(trailer version 2 counts them) and ``import`` checks them against the log it loaded and
+writes them back. The disaster recovery path README documents is tested here: restoring
+the newest export resumes (``audit resume-check`` against the witnesses' last cosigned
+note passes); restoring an older one is a rollback (STALE), publishing on it forks
+(INTEGRITY), and ``audit origin --new`` makes it a new log that clients re-pin.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
-import time
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from domain.notes import Checkpoint, SignerKey
 from ledger.api import open_store
-from ledger.store.catalog_log import (
-    CatalogLog,
-    StoredCheckpoint,
-    catalog_origin,
-    store_checkpoint,
-)
-from ledger.store.log_identity import origin_of
+from ledger.store.catalog_log import catalog_origin
 from tests.support import reference_verifier as ref
 from tests.support.cli_inprocess import cli, cli_json
 from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World
-
-
-def _cosignature(body: str, witness: Ed25519PrivateKey, name: str, now: int) -> str:
-    """A C2SP tlog-cosignature ``cosignature/v1`` line by ``witness`` over ``body``."""
-    public = witness.public_key().public_bytes_raw()
-    ident = hashlib.sha256(name.encode() + b"\n\x04" + public).digest()[:4]
-    signed = f"cosignature/v1\ntime {now}\n{body}".encode()
-    raw = ident + now.to_bytes(8, "big") + witness.sign(signed)
-    return f"\u2014 {name} {base64.b64encode(raw).decode()}\n"
-
-
-def _collect(url: str, key: SignerKey, witness: Ed25519PrivateKey) -> str:
-    """What the collector does: sign the catalog checkpoint, have it cosigned, store it."""
-    with open_store(url) as store:
-        ledger = store.ledger
-        catalog = CatalogLog(ledger.db)
-        catalog.refresh()
-        cp = catalog.checkpoint(catalog_origin(origin_of(ledger)))
-        note = key.sign(cp.text()) + _cosignature(cp.text(), witness, "w1", int(time.time()))
-        store_checkpoint(ledger.db, StoredCheckpoint(cp.origin, cp.size, cp.root, note, 1))
-    return note
+from tests.support.witness_fakes import Witnesses
 
 
 def _export(url: str, path: Path) -> bytes:
@@ -72,23 +44,36 @@ def _restore(url: str, path: Path, *, source: str | None = None) -> None:
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A store signed and cosigned at revision 1 (export ``old``), then at revision 2
-    (export ``new``; ``note`` the witnesses' last cosigned note)."""
+    """A store cosigned (``catalog-ledger cosign``, three in-process witnesses, k = 2) at
+    revision 1 (export ``old``), then at revision 2 (export ``new``; ``note`` the
+    witnesses' last cosigned note)."""
     tmp = tmp_path_factory.mktemp("source")
     url = f"sqlite:///{tmp / 'source.db'}"
     world = World(tmp, url)
-    key, witness = SignerKey.generate("log"), Ed25519PrivateKey.generate()
-    (tmp / "log.key").write_text(key.text(), encoding="utf-8")
+    signer = SignerKey.generate("log")
+    (tmp / "log.key").write_text(signer.text(), encoding="utf-8")
+    witnesses = Witnesses([1_700_000_000])
     try:
         packs = [world.official("sales", world.commit("sales", 1))]
         world.service.apply(world.manifest(packs, push_closure("app:crm", "sales")))
-        assert cli("--db", url, "audit", "checkpoint", "--sign", str(tmp / "log.key")).code == 0
-        _collect(url, key, witness)
-        _export(url, tmp / "old.jsonl")
-        bindings = push_closure("app:crm", "sales") + push_closure("app:erp", "sales")
-        world.service.apply(world.manifest(packs, bindings))
-        (tmp / "note").write_text(_collect(url, key, witness), encoding="utf-8")
-        _export(url, tmp / "new.jsonl")
+        with open_store(url) as store:
+            assert store.origin()["named"] is False
+            origin = catalog_origin(store.origin()["origin"])
+            policy = witnesses.policy(tmp / "policy.json", origin, signer)
+
+            def cosign() -> str:
+                done = store.cosign(
+                    sign=tmp / "log.key", policy=policy, add_checkpoint=witnesses.add_checkpoint
+                )
+                return str(done["note"])
+
+            cosign()
+            assert store.origin()["named"] is True  # the collector named the log first
+            _export(url, tmp / "old.jsonl")
+            bindings = push_closure("app:crm", "sales") + push_closure("app:erp", "sales")
+            world.service.apply(world.manifest(packs, bindings))
+            (tmp / "note").write_text(cosign(), encoding="utf-8")
+            _export(url, tmp / "new.jsonl")
     finally:
         world.close()
     return {"old": tmp / "old.jsonl", "new": tmp / "new.jsonl", "note": tmp / "note"}
