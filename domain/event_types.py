@@ -48,6 +48,7 @@ from domain.coordination import CommandRecord, Lease
 from domain.credentials import Credential
 from domain.errors import IntegrityFailure
 from domain.lifecycle import Generation, PackActivation, PackHistory
+from domain.log_identity import LogIdentity
 from domain.records import LegacyRecord, LocalPack
 
 #: The log format this release writes, and every format it reads.
@@ -311,6 +312,11 @@ PRODUCT_TYPES: tuple[EventType, ...] = (
     # New in format v1 (issue 16): audience credentials (R26); the token's digest only.
     EventType("credential.issued", Credential.Issued, Credential),
     EventType("credential.revoked", Credential.Revoked, Credential),
+    # New in issue 28 (R29): the log's own identity — its origin, named once, and its
+    # signing-key rotations (domain/log_identity.py).
+    EventType("log.named", LogIdentity.Named, LogIdentity),
+    EventType("log.renamed", LogIdentity.Renamed, LogIdentity),
+    EventType("log_key.rotated", LogIdentity.KeyRotated, LogIdentity),
 )
 #: The table every reader and writer uses (tests may register types of their own).
 EVENT_TYPES = EventTypeTable(PRODUCT_TYPES)
@@ -340,6 +346,9 @@ T_VIEW_PUBLISHED = "audience_view.published"
 T_RECORDED = "command.recorded"
 T_CREDENTIAL_ISSUED = "credential.issued"
 T_CREDENTIAL_REVOKED = "credential.revoked"
+T_LOG_NAMED = "log.named"
+T_LOG_RENAMED = "log.renamed"
+T_LOG_KEY_ROTATED = "log_key.rotated"
 
 #: Types whose facts are about one pack's lifecycle (``history --pack``).
 LIFECYCLE_TYPES = frozenset(

@@ -62,7 +62,10 @@ if TYPE_CHECKING:
         HistoryResult,
         InclusionProof,
         KeygenResult,
+        KeyRotation,
+        LogOrigin,
         PastView,
+        ResumeCheck,
     )
     from ledger.audit.verify import AuditReport
     from ledger.commands.credentials import CredentialList, IssuedCredential, RevokedCredential
@@ -443,10 +446,13 @@ class Store:
 
     def checkpoint(self, *, sign: Path | None = None, log: str = "main") -> CheckpointNote:
         """The C2SP tlog-checkpoint of the main log (or, ``log="catalog"``, of the catalog
-        log, R29), optionally as a signed note."""
+        log, R29), optionally as a signed note. Signing names the log first (``log.named``,
+        once): a signed origin is always a log fact (R29)."""
         from ledger.audit import operations as audit_operations
 
-        return audit_operations.checkpoint(self.audit_ledger, sign=sign, log=log)
+        if sign is not None:
+            return audit_operations.checkpoint(self.ledger, sign=sign, log=log, name=True)
+        return audit_operations.checkpoint(self.audit_ledger, sign=None, log=log)
 
     def cosign(
         self,
@@ -477,6 +483,42 @@ class Store:
             add_checkpoint=add_checkpoint,
             clock=clock or time.time,
         )
+
+    def origin(
+        self, *, name: bool = False, origin: str | None = None, new: bool = False
+    ) -> LogOrigin:
+        """The log's origin (R29); ``name`` appends ``log.named`` if the log has none, with
+        ``origin`` or else the origin the log has had so far; ``new`` gives the log a new
+        origin (``log.renamed``: ``origin``, else this store's), which clients re-pin."""
+        from ledger.audit import operations as audit_operations
+
+        if new:
+            return audit_operations.new_origin(self.ledger, origin)
+        if name or origin is not None:
+            return audit_operations.name_origin(self.ledger, origin)
+        return audit_operations.origin(self.audit_ledger)
+
+    def rotate_key(self, *, old: Path, new: str, overlap: int, now: int) -> KeyRotation:
+        """Record a rotation of the log's signing key (``log_key.rotated``): a statement
+        signed by ``old`` announcing ``new``, ``old`` valid for ``overlap`` more seconds."""
+        from ledger.audit import operations as audit_operations
+
+        return audit_operations.rotate_key(self.ledger, old=old, new=new, overlap=overlap, now=now)
+
+    def resume_check(self, note: Path | None = None) -> ResumeCheck:
+        """Whether this log extends the cosigned checkpoint ``note`` (or every cosigned
+        checkpoint the store holds): STALE for a rollback, INTEGRITY for a fork (R29)."""
+        from ledger.audit import operations as audit_operations
+
+        return audit_operations.resume_check(self.audit_ledger, note)
+
+    def keygen(self, name: str | None, out: Path) -> KeygenResult:
+        """``audit keygen``: a checkpoint signer key named ``name``, by default after this
+        store's origin (tlog-checkpoint: the key name SHOULD match the origin line)."""
+        from ledger.audit import operations as audit_operations
+
+        chosen = name if name is not None else audit_operations.origin(self.audit_ledger)["origin"]
+        return audit_operations.keygen(chosen, out)
 
     def prove(
         self,

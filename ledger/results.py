@@ -47,7 +47,7 @@ class ImportResult(TypedDict):
     head_position: int
     chain: str  # hex, as `log` and `audit verify` show it
     root: str  # base64, as `audit verify` and checkpoints show it
-    origin: str  # this store's checkpoint origin: it keeps its own store id
+    origin: str  # the log's checkpoint origin (log.named; else this store's id)
     views_rebuilt: list[str]
 
 

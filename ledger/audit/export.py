@@ -15,7 +15,10 @@ from domain.event_types import (
     EVENT_TYPES,
     UnknownEventType,
 )
+from ledger.log.checkpoint_line import CheckpointLine
 from ledger.log.trailer import Trailer
+from ledger.store import carried_checkpoints
+from ledger.store.log_identity import origin_of
 from ledger.store.runtime import Ledger
 
 _SQL = {str: "TEXT", int: "an INTEGER", float: "a REAL", type(None): "NULL"}
@@ -62,6 +65,11 @@ def export_jsonl(ledger: Ledger, out: TextIO) -> int:
                     first = (line["position"], column, problem)
             out.write(orjson.dumps(line).decode() + "\n")
             count += 1
+        # The latest cosigned checkpoints of this log (not of an origin it had before a
+        # log.renamed), read with the rows (R29): a restore keeps them.
+        carried = _ours(ledger, carried_checkpoints.read_all(conn))
+        for checkpoint in carried:
+            out.write(orjson.dumps(checkpoint.to_json()).decode() + "\n")
     position, chain, head_problem = _head(head)
     trailer = Trailer(
         count=count,
@@ -69,6 +77,7 @@ def export_jsonl(ledger: Ledger, out: TextIO) -> int:
         head_chain=chain,
         root=None if tree is None else tree.root(),
         damaged=damaged,
+        checkpoints=len(carried),
     )
     out.write(orjson.dumps(trailer.to_json()).decode() + "\n")
     if first is not None:
@@ -92,6 +101,20 @@ def export_jsonl(ledger: Ledger, out: TextIO) -> int:
             events=count,
         )
     return count
+
+
+def _ours(ledger: Ledger, stored: list[CheckpointLine]) -> list[CheckpointLine]:
+    """The stored cosigned checkpoints of the log's current origin (and its catalog log's).
+    A log whose identity events cannot be read (a damaged store) carries every row: the
+    export never stops at damage, and ``import`` checks each line against the log."""
+    if not stored:
+        return stored
+    try:
+        origin = origin_of(ledger)
+    except IntegrityFailure:
+        return stored
+    ours = (origin, origin + carried_checkpoints.CATALOG_SUFFIX)
+    return [c for c in stored if c.origin in ours]
 
 
 def _line(row: tuple[object, ...]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from domain.errors import IntegrityFailure, InvalidInput, UsageError
+from domain.errors import Conflict, IntegrityFailure, InvalidInput, UsageError
 from ledger.audit.results import KeygenResult
 
 if TYPE_CHECKING:
@@ -22,10 +22,14 @@ if TYPE_CHECKING:
     from domain.notes import VerifierKey
     from ledger.audit.cosign import AddCheckpoint, CosignResult
     from ledger.audit.results import (
+        CheckedCheckpoint,
         CheckpointNote,
         ConsistencyProof,
         InclusionProof,
+        KeyRotation,
+        LogOrigin,
         ProofCheck,
+        ResumeCheck,
     )
     from ledger.audit.verify import AuditReport
     from ledger.store.runtime import Ledger
@@ -122,6 +126,12 @@ def verify(
         sources=sources,
         progress=progress,
     )
+    if replay and report.ok:  # the log's key rotations chain (R29)
+        from ledger.audit.log_keys import check_log_keys
+        from ledger.audit.verify import Problem
+
+        report.checks.append("keys")
+        report.problems += [Problem(p, "keys", m) for p, m in check_log_keys(ledger)]
     if not report.ok:
         first = report.first()
         assert first is not None
@@ -132,25 +142,33 @@ def verify(
     return report
 
 
-def checkpoint(ledger: Ledger, *, sign: Path | None, log: str = "main") -> CheckpointNote:
+def checkpoint(
+    ledger: Ledger, *, sign: Path | None, log: str = "main", name: bool = False
+) -> CheckpointNote:
     """The C2SP tlog-checkpoint of the main log or of the catalog log (R29), optionally
-    as a signed note."""
+    as a signed note; ``name`` first names the log (``log.named``) if it is not named yet,
+    so the signed origin is a log fact that ``export`` carries (R29)."""
     from domain.notes import SignerKey
     from ledger.audit.proofs import checkpoint as log_checkpoint
     from ledger.audit.proofs import origin_of
     from ledger.store.catalog_log import CatalogLog, catalog_origin
 
+    if log not in ("main", "catalog"):
+        raise InvalidInput(f"log must be main or catalog, got {log!r}", field="log")
+    signer = None if sign is None else SignerKey.parse(read_text(sign, "sign"), field="sign")
+    if name:
+        from ledger.store.log_identity import name_log
+
+        name_log(ledger)
     if log == "catalog":
         catalog = CatalogLog(ledger.db)
         catalog.refresh()
         cp = catalog.checkpoint(catalog_origin(origin_of(ledger)))
-    elif log == "main":
-        cp = log_checkpoint(ledger)
     else:
-        raise InvalidInput(f"log must be main or catalog, got {log!r}", field="log")
+        cp = log_checkpoint(ledger)
     note = cp.text()
-    if sign is not None:
-        note = SignerKey.parse(read_text(sign, "sign"), field="sign").sign(note)
+    if signer is not None:
+        note = signer.sign(note)
     return {"origin": cp.origin, "size": cp.size, "root": note.split("\n")[2], "note": note}
 
 
@@ -170,10 +188,12 @@ def cosign(
     from ledger.audit.cosign import cosign as collect
     from ledger.audit.proofs import origin_of
     from ledger.store.catalog_log import catalog_origin
+    from ledger.store.log_identity import name_log
 
     signer = SignerKey.parse(read_text(sign, "sign"), field="sign")
     document = parse_json(read_text(policy, "policy"), source=str(policy))
     parsed = parse_policy(document)
+    name_log(ledger)  # the signed origin is a log fact, carried by export (R29)
     origin = catalog_origin(origin_of(ledger))
     check_policy(parsed, origin, signer)
     return collect(
@@ -209,3 +229,113 @@ def prove(
         return log.inclusion(position, size or log.size())
     assert from_size is not None
     return log.consistency(from_size, to_size or log.size())
+
+
+def origin(ledger: Ledger) -> LogOrigin:
+    """The log's origin and whether the log states it (``log.named``)."""
+    from ledger.store.log_identity import named_origin, origin_of
+
+    named = named_origin(ledger)
+    return {"origin": named or origin_of(ledger), "named": named is not None, "appended": False}
+
+
+def name_origin(ledger: Ledger, wanted: str | None) -> LogOrigin:
+    """Name the log (``log.named``) if it is not named: with ``wanted``, else the origin
+    it has had so far. CONFLICT when it is named already with another origin."""
+    from ledger.store.log_identity import name_log
+
+    named, appended = name_log(ledger, wanted)
+    return {"origin": named, "named": True, "appended": appended}
+
+
+def new_origin(ledger: Ledger, wanted: str | None) -> LogOrigin:
+    """Give the log a new origin (``log.renamed``): ``wanted``, by default this store's
+    ``catalog-ledger/<store id>``. It is then another log to witnesses and clients."""
+    from ledger.store.log_identity import rename_log
+
+    return {"origin": rename_log(ledger, wanted), "named": True, "appended": True}
+
+
+def rotate_key(ledger: Ledger, *, old: Path, new: str, overlap: int, now: int) -> KeyRotation:
+    """Record ``log_key.rotated``: the statement signed by the old signer key ``old``
+    announcing ``new`` (a verifier key, as a file or text, or a signer key file whose
+    verifier is taken), the old key valid until ``now + overlap``."""
+    from domain.key_rotation import Rotation, rotation_statement
+    from domain.notes import SignerKey, VerifierKey
+    from ledger.store.log_identity import name_log, record_rotation, rotations
+
+    signer = SignerKey.parse(read_text(old, "old"), field="old")
+    text = read_text(Path(new), "new") if Path(new).is_file() else new
+    if text.strip().startswith("PRIVATE+KEY+"):
+        successor = SignerKey.parse(text, field="new").verifier
+    else:
+        successor = VerifierKey.parse(text, field="new")
+    if overlap < 0:
+        raise InvalidInput("the overlap must not be negative", field="overlap")
+    origin_text, _ = name_log(ledger)
+    earlier = rotations(ledger)
+    if earlier:  # only the log's current key (the last rotation's new key) may rotate
+        current = Rotation.parse(earlier[-1]).new
+        if current.public != signer.verifier.public:
+            raise Conflict(
+                f"the log's current key is {current.text()} (its last rotation); only it "
+                "can announce a successor",
+                field="old",
+                current_key=current.text(),
+            )
+    until = now + overlap
+    statement = rotation_statement(origin_text, signer, successor, until)
+    position = record_rotation(ledger, statement)
+    return {
+        "origin": origin_text,
+        "old_key": signer.verifier.text(),
+        "new_key": successor.text(),
+        "until": until,
+        "position": position,
+        "statement": statement,
+    }
+
+
+def resume_check(ledger: Ledger, note_file: Path | None) -> ResumeCheck:
+    """Whether this log resumes where its witnesses left it: the witnesses' rule
+    (``domain.resume.check_resume``) applied to this store's tree against the cosigned
+    checkpoint in ``note_file`` (one the witnesses or a newer export hold), or else
+    against every cosigned checkpoint the store holds. STALE for a rollback, INTEGRITY
+    for a fork or another log."""
+    import base64
+
+    from domain import merkle
+    from domain.notes import Checkpoint
+    from domain.resume import check_resume
+    from ledger.audit.proofs import MerkleLog
+    from ledger.store import carried_checkpoints
+    from ledger.store.catalog_log import CatalogLog, catalog_origin
+    from ledger.store.log_identity import origin_of
+
+    origin = origin_of(ledger)
+    with ledger.db.read() as conn:
+        if note_file is not None:
+            cosigned = [Checkpoint.parse(read_text(note_file, "checkpoint"))]
+        else:
+            stored = carried_checkpoints.read_all(conn)
+            ours = (origin, catalog_origin(origin))
+            cosigned = [Checkpoint(c.origin, c.size, c.root) for c in stored if c.origin in ours]
+        catalog = CatalogLog(ledger.db)
+        catalog.refresh(conn)
+    checked: list[CheckedCheckpoint] = []
+    log = MerkleLog(ledger)
+    for cp in cosigned:
+        if cp.origin == catalog_origin(origin):
+            size = catalog.size
+            current = catalog.checkpoint(cp.origin)
+            extends = 0 < cp.size < size
+            proof = catalog.consistency(cp.size, size) if extends else []
+        else:
+            size = log.size()
+            current = Checkpoint(origin, size, log.root(size) if size else merkle.EMPTY_ROOT)
+            extends = 0 < cp.size < size
+            consistency = log.consistency(cp.size, size) if extends else None
+            proof = [base64.b64decode(p) for p in consistency["proof"]] if consistency else []
+        check_resume(cp, current, proof)
+        checked.append({"origin": cp.origin, "cosigned_size": cp.size, "size": size})
+    return {"ok": True, "origin": origin, "checked": checked}

@@ -162,13 +162,11 @@ def unb64(text: str, field: str) -> bytes:
 
 
 def origin_of(ledger: Ledger) -> str:
-    """The checkpoint origin: a stable name for this store (its id in ledger_meta)."""
-    t = schema.meta
-    with ledger.db.read() as conn:
-        found = conn.execute(sa.select(t.c.value).where(t.c.name == b"store_id")).scalar()
-    if found is None:
-        raise InvalidInput("the store has no id; run `catalog-ledger init`", field="db")
-    return f"catalog-ledger/{bytes(found).decode()}"
+    """The checkpoint origin: a property of the log (its ``log.named`` event), else the
+    store's ``catalog-ledger/<store id>`` (``ledger.store.log_identity``)."""
+    from ledger.store.log_identity import origin_of as log_origin
+
+    return log_origin(ledger)
 
 
 def checkpoint(ledger: Ledger) -> Checkpoint:

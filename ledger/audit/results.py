@@ -138,3 +138,37 @@ class KeygenResult(TypedDict):
 
     signer_key_file: str
     verifier_key: str
+
+
+class LogOrigin(TypedDict):
+    """``audit origin``: the log's origin, whether a ``log.named`` event states it, and
+    whether this call appended it (R29)."""
+
+    origin: str
+    named: bool
+    appended: bool
+
+
+class KeyRotation(TypedDict):
+    """``audit rotate-key``: the rotation statement recorded and where (R29)."""
+
+    origin: str
+    old_key: str
+    new_key: str
+    until: int
+    position: int
+    statement: str
+
+
+class CheckedCheckpoint(TypedDict):
+    origin: str
+    cosigned_size: int
+    size: int
+
+
+class ResumeCheck(TypedDict):
+    """``audit resume-check``: every cosigned checkpoint this log extends (R29)."""
+
+    ok: bool
+    origin: str
+    checked: list[CheckedCheckpoint]

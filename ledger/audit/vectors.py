@@ -327,6 +327,66 @@ def export_vectors(events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def log_identity_vectors() -> dict[str, Any]:
+    """``log.named``, a key rotation statement by fixed keys, and what a client's rule
+    (``apply_rotation``) makes of it and of tampered variants (R29)."""
+    from domain.errors import IntegrityFailure
+    from domain.key_rotation import Rotation, apply_rotation, rotation_statement
+    from domain.log_identity import log_identity_id
+    from domain.notes import SignerKey
+
+    identity = log_identity_id()
+    state = _state(origin=ORIGIN)
+    named = event_id(identity.bytes, 1, b"log.named@1", state)
+    old = SignerKey(ORIGIN, bytes(range(32)))
+    new = SignerKey(ORIGIN, bytes(range(32, 64)))
+    until = 1_800_000_000
+    statement = rotation_statement(ORIGIN, old, new.verifier, until)
+    body, _, signature = statement.partition("\n\n")
+    stranger = SignerKey("stranger", bytes(range(64, 96)))
+    variants = {
+        "accepted at until": (statement, ORIGIN, until),
+        "past until": (statement, ORIGIN, until + 1),
+        "another origin": (statement, ORIGIN + "/catalog", until),
+        "until edited": (
+            body.replace(str(until), str(until + 1)) + "\n\n" + signature,
+            ORIGIN,
+            until,
+        ),
+        "signed by another key": (
+            stranger.sign(Rotation(ORIGIN, old.verifier, new.verifier, until).body()),
+            ORIGIN,
+            until,
+        ),
+    }
+    cases = []
+    for name, (text, origin, now) in variants.items():
+        try:
+            keys = apply_rotation([old.verifier], text, origin=origin, now=now)
+            outcome: dict[str, Any] = {
+                "keys": [{"key": k.key.text(), "until": k.until} for k in keys]
+            }
+        except IntegrityFailure as exc:
+            outcome = {"refused": exc.details["reason"]}
+        cases.append({"case": name, "statement": text, "origin": origin, "now": now, **outcome})
+    return {
+        "about": "The log identity (schema/LOG-FORMAT.md, 'Log identity'): the log.named "
+        "event of ORIGIN, and a key rotation statement (a signed note by the old key) with "
+        "what a client holding only the old key makes of it. Keys are Ed25519 seeds "
+        "0..31 (old), 32..63 (new), 64..95 (stranger).",
+        "named": {
+            "aggregate_id": str(identity),
+            "version": 1,
+            "topic": "log.named@1",
+            "state_b64": base64.b64encode(state).decode(),
+            "event_id": named.hex(),
+        },
+        "old_key": old.verifier.text(),
+        "new_key": new.verifier.text(),
+        "rotations": cases,
+    }
+
+
 def all_vectors() -> dict[str, dict[str, Any]]:
     """File name -> document, for ``schema/vectors/log/``."""
     events = event_vectors()
@@ -336,4 +396,5 @@ def all_vectors() -> dict[str, dict[str, Any]]:
         "merkle.json": merkle_vectors(ids),
         "audience_map.json": audience_map_vectors(),
         "export.json": export_vectors(events["events"]),
+        "log_identity.json": log_identity_vectors(),
     }

@@ -18,7 +18,7 @@ def audit_group() -> None:
 
 
 @audit_group.command("keygen")
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -26,12 +26,125 @@ def audit_group() -> None:
     help="Signer key file to create (its .pub sibling gets the verifier key).",
 )
 @json_option
-def audit_keygen(name: str, out: Path, as_json: bool) -> None:
-    """Create an Ed25519 key for signing checkpoints (C2SP signed note format)."""
-    from ledger.api import keygen
+def audit_keygen(name: str | None, out: Path, as_json: bool) -> None:
+    """Create an Ed25519 key for signing checkpoints (C2SP signed note format). NAME
+    defaults to the store's origin (`audit origin`, read from --db): tlog-checkpoint says
+    the key name SHOULD match the checkpoint's origin line."""
+    if name is None:
+        document = store().keygen(None, out)
+    else:
+        from ledger.api import keygen
 
-    document = keygen(name, out)
+        document = keygen(name, out)
     emit(as_json, document, lambda: click.echo(document["verifier_key"]))
+
+
+@audit_group.command("origin")
+@click.option(
+    "--name",
+    "name",
+    is_flag=True,
+    help="Record the origin in the log (`log.named`) if the log does not state it yet.",
+)
+@click.option(
+    "--origin",
+    "origin",
+    default=None,
+    metavar="ORIGIN",
+    help="With --name: the origin to record (default: the one the log has had so far), "
+    "e.g. the pinned origin of a log restored from an export made before it was named. "
+    "With --new: the new origin.",
+)
+@click.option(
+    "--new",
+    "new",
+    is_flag=True,
+    help="Give the log a new origin (`log.renamed`; --origin, default catalog-ledger/<this "
+    "store's id>): a restore that cannot resume becomes a new log, which clients re-pin.",
+)
+@json_option
+def audit_origin(name: bool, origin: str | None, new: bool, as_json: bool) -> None:
+    """Print the log's checkpoint origin. It is a fact of the log (`log.named`, carried
+    by `export`), so a log moved to another engine keeps it; a log never named has
+    `catalog-ledger/<store id>` until its first signing records exactly that."""
+    if name and new:
+        raise UsageError("give --name or --new, not both")
+    if origin is not None and not (name or new):
+        raise UsageError("--origin needs --name or --new")
+    document = store().origin(name=name, origin=origin, new=new)
+
+    def human() -> None:
+        state = (
+            "appended log.named"
+            if document["appended"]
+            else ("named in the log" if document["named"] else "not yet named in the log")
+        )
+        click.echo(f"{document['origin']}  ({state})")
+
+    emit(as_json, document, human)
+
+
+@audit_group.command("rotate-key")
+@click.option(
+    "--old",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    metavar="KEYFILE",
+    help="The current signer key file: it signs the rotation statement.",
+)
+@click.option(
+    "--new",
+    required=True,
+    metavar="PUBKEY",
+    help="The successor's verifier key (file or text; a signer key file is read for its "
+    "verifier key only).",
+)
+@click.option(
+    "--overlap",
+    type=click.IntRange(min=0),
+    required=True,
+    metavar="SECONDS",
+    help="How long the old key stays valid beside the new one.",
+)
+@json_option
+def audit_rotate_key(old: Path, new: str, overlap: int, as_json: bool) -> None:
+    """Rotate the log's signing key: append `log_key.rotated`, a statement signed by the
+    old key naming the new one and the end of the overlap. Checkpoints signed from then on
+    cover it, so witnesses cosign it; clients apply it to their pinned keys."""
+    import time
+
+    document = store().rotate_key(old=old, new=new, overlap=overlap, now=int(time.time()))
+
+    def human() -> None:
+        click.echo(
+            f"rotated at position {document['position']}: {document['new_key']} "
+            f"(the old key is valid until {document['until']})"
+        )
+
+    emit(as_json, document, human)
+
+
+@audit_group.command("resume-check")
+@click.argument("note", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@json_option
+def audit_resume_check(note: Path | None, as_json: bool) -> None:
+    """Check, as a witness would, that this log extends a cosigned checkpoint: NOTE (the
+    last one the witnesses cosigned, or one a newer export carried), by default every
+    cosigned checkpoint the store holds. A restored older backup is STALE (exit 5: a
+    rollback, refused by witnesses and clients); a log that forked from it is INTEGRITY
+    (exit 6). Run it after a restore, before signing anything."""
+    document = store().resume_check(note)
+
+    def human() -> None:
+        for c in document["checked"]:
+            click.echo(
+                f"ok: {c['origin']} at size {c['size']} extends the cosigned size "
+                f"{c['cosigned_size']}"
+            )
+        if not document["checked"]:
+            click.echo("no cosigned checkpoint to check against")
+
+    emit(as_json, document, human)
 
 
 @audit_group.command("checkpoint")

@@ -28,7 +28,12 @@ from domain.errors import IntegrityFailure, InvalidInput
 #: The key that marks a line as the trailer; its value is the trailer's format version.
 MARKER = "trailer"
 VERSION = 1
+#: Version 2 (R29): the export carries checkpoint lines (``ledger.log.checkpoint_line``)
+#: and the trailer counts them (``checkpoints``). An export without any writes version 1,
+#: byte for byte as before, so every reader of version 1 still reads it.
+VERSION_CHECKPOINTS = 2
 FIELDS = (MARKER, "count", "head_position", "head_chain", "root", "damaged")
+FIELDS_V2 = (*FIELDS, "checkpoints")
 _MAX_INT = 2**63 - 1
 
 
@@ -45,16 +50,21 @@ class Trailer:
     head_chain: bytes | None
     root: bytes | None
     damaged: int = 0
+    #: Checkpoint lines between the event lines and the trailer (version 2 when > 0).
+    checkpoints: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            MARKER: VERSION,
+        document: dict[str, Any] = {
+            MARKER: VERSION_CHECKPOINTS if self.checkpoints else VERSION,
             "count": self.count,
             "head_position": self.head_position,
             "head_chain": None if self.head_chain is None else self.head_chain.hex(),
             "root": None if self.root is None else base64.b64encode(self.root).decode("ascii"),
             "damaged": self.damaged,
         }
+        if self.checkpoints:
+            document["checkpoints"] = self.checkpoints
+        return document
 
     @classmethod
     def parse(cls, doc: dict[str, Any], *, line: int) -> Trailer:
@@ -63,18 +73,19 @@ class Trailer:
         A field of the wrong JSON type is INVALID naming ``trailer.<field>``; a trailer
         version this release does not read is INTEGRITY (an unknown format version)."""
         version = doc[MARKER]
-        if type(version) is not int or version != VERSION:
+        if type(version) is not int or version not in (VERSION, VERSION_CHECKPOINTS):
             raise IntegrityFailure(
                 f"line {line}: trailer version {version!r} is not one this release reads "
-                f"({VERSION}); nothing was imported",
+                f"({VERSION}, {VERSION_CHECKPOINTS}); nothing was imported",
                 line=line,
                 field=f"{MARKER}.{MARKER}",
                 check="trailer",
             )
-        unknown = sorted(set(doc) - set(FIELDS))
+        unknown = sorted(set(doc) - set(FIELDS if version == VERSION else FIELDS_V2))
         if unknown:
             raise _invalid(line, unknown[0], "is not a trailer field")
         count, damaged = _count(doc, "count", line), _count(doc, "damaged", line)
+        checkpoints = 0 if version == VERSION else _count(doc, "checkpoints", line)
         null = "head_position" in doc and doc["head_position"] is None
         position = None if null else _count(doc, "head_position", line)
         return cls(
@@ -83,6 +94,7 @@ class Trailer:
             head_chain=_digest(doc, "head_chain", line, _hex32),
             root=_digest(doc, "root", line, _b64_32),
             damaged=damaged,
+            checkpoints=checkpoints,
         )
 
 

@@ -23,9 +23,12 @@ touched here; the caller rebuilds them from the imported log (the existing
 blue/green rebuild).
 
 The target keeps its own ``store_id`` (``ledger_meta``): it is a different
-store holding the same log, so its checkpoints name it as their origin while
-size and root stay those of the source (a checkpoint taken on the source
-still proves the restored log extends it).
+store holding the same log. The checkpoint origin is the log's (its
+``log.named`` event, imported like any row; R29), so the restored store signs
+the same tree under the same origin; a log exported before it was named takes
+the target's store origin until ``audit origin --name --origin`` restores the
+pinned one. The export's checkpoint lines (the latest cosigned checkpoints) are
+checked against the loaded log and written back (``carried_checkpoints``).
 
 A 0.1 export has no ``state_b64``: its state bytes are then the canonical
 encoding (orjson, sorted keys) of its ``state``, which is how 0.1 wrote
@@ -48,13 +51,25 @@ from typing import IO, Any
 from uuid import UUID
 
 import orjson
+import sqlalchemy as sa
 
 from domain import merkle
+from domain.catalog import catalog_id
 from domain.digests import ZERO_CHAIN, Purpose, hasher
 from domain.errors import IntegrityFailure, InvalidInput
-from domain.event_types import EVENT_TYPES, StoredType, UnknownEventType
+from domain.event_types import (
+    EVENT_TYPES,
+    T_LOG_NAMED,
+    T_LOG_RENAMED,
+    T_PUBLISHED,
+    StoredType,
+    UnknownEventType,
+)
+from domain.log_identity import default_origin, log_identity_id
 from ledger.log import tables as schema
+from ledger.log.checkpoint_line import CheckpointLine, is_checkpoint_line
 from ledger.log.trailer import Trailer, is_trailer
+from ledger.store import carried_checkpoints
 from ledger.store.runtime import Ledger
 
 #: Rows per executemany: large enough to amortize round trips, small enough that
@@ -320,6 +335,9 @@ def import_jsonl(
     last_version: dict[bytes, int] = {}
     chain, position, done = ZERO_CHAIN, 0, 0
     pending: list[tuple[Any, ...]] = []
+    carried: list[tuple[CheckpointLine, int]] = []
+    identity: dict[bytes, str | None] = {_LOG_ID: None, _CATALOG_ID: None}
+    catalog_ids: list[bytes] = []
     with db.write() as conn:
         head = ledger.recorder.lock_head(conn)  # held until commit: appends wait
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
@@ -345,6 +363,17 @@ def import_jsonl(
                 if is_trailer(doc):
                     trailer, trailer_line = Trailer.parse(doc, line=number), number
                     continue
+                if is_checkpoint_line(doc):
+                    carried.append((CheckpointLine.parse(doc, line=number), number))
+                    continue
+                if carried:
+                    raise _integrity(
+                        number,
+                        position + 1,
+                        "checkpoint",
+                        f"an event line after the checkpoint line at line {carried[0][1]} "
+                        "(checkpoint lines follow every event line)",
+                    )
                 row = _parse(doc, number)
                 position += 1
                 if row.position != position:
@@ -396,6 +425,8 @@ def import_jsonl(
                         f"already; version {row.version} repeats or goes back",
                     )
                 last_version[row.aggregate] = row.version
+                if row.aggregate in identity:  # the log's name and the catalog log's leaves
+                    _note_identity(row, identity, catalog_ids)
                 tree.add(merkle.leaf_hash(row.event_id))
                 pending.append(
                     (
@@ -429,6 +460,23 @@ def import_jsonl(
                     raise _missing_trailer(number, position)
             else:
                 _check_trailer(trailer, trailer_line, position, chain, root)
+                if trailer.checkpoints != len(carried):
+                    raise IntegrityFailure(
+                        f"line {trailer_line}: the trailer counts {trailer.checkpoints} "
+                        f"checkpoint line(s) but {len(carried)} precede it (lines are missing "
+                        "or added); nothing was imported",
+                        line=trailer_line,
+                        field="trailer.checkpoints",
+                        check="trailer",
+                    )
+            carried_checkpoints.check_and_write(
+                conn,
+                carried,
+                origin=identity.get(_LOG_ID) or store_origin_in(conn),
+                size=position,
+                main_root_at=lambda size: _root_at(cursor, size),
+                catalog_ids=catalog_ids,
+            )
             if position:
                 cursor.execute(
                     f"UPDATE {hd} SET position = {p}, chain = {p} WHERE id = 1", (position, chain)
@@ -501,3 +549,36 @@ def _check_trailer(trailer: Trailer, line: int, position: int, chain: bytes, roo
 
 
 _u64 = struct.Struct(">Q").pack
+_LOG_ID = log_identity_id().bytes
+_CATALOG_ID = catalog_id().bytes
+
+
+def _note_identity(row: _Row, identity: dict[bytes, str | None], catalog_ids: list[bytes]) -> None:
+    """The log's origin (its last ``log.named`` / ``log.renamed``) and the catalog log's
+    leaves (the event ids of ``catalog.published``), as the rows stream by (the row is
+    checked already)."""
+    name = _resolve(row.topic).type.name
+    if row.aggregate == _LOG_ID and name in (T_LOG_NAMED, T_LOG_RENAMED):
+        identity[_LOG_ID] = str(orjson.loads(row.state)["origin"])
+    elif row.aggregate == _CATALOG_ID and name == T_PUBLISHED:
+        catalog_ids.append(row.event_id)
+
+
+def _root_at(cursor: Any, size: int) -> bytes:
+    """The Merkle root of the first ``size`` imported rows (read back in the import's
+    own transaction): for a carried checkpoint of the main log."""
+    tree = merkle.MerkleStack()
+    cursor.execute(
+        f"SELECT event_id FROM {schema.events.name} WHERE position <= {int(size)} ORDER BY position"
+    )
+    for (event,) in cursor.fetchall():
+        tree.add(merkle.leaf_hash(bytes(event)))
+    return tree.root()
+
+
+def store_origin_in(conn: Any) -> str:
+    """The target's own origin (``catalog-ledger/<store id>``): a log without ``log.named``."""
+    found = conn.execute(
+        sa.select(schema.meta.c.value).where(schema.meta.c.name == b"store_id")
+    ).scalar()
+    return default_origin(bytes(found).decode() if found is not None else "")

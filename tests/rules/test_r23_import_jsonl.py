@@ -137,8 +137,9 @@ def test_r23_r2_a_store_moves_sqlite_to_mariadb_to_sqlite_with_identical_root_ch
     assert code == 0, again
     assert _fingerprint(back, audiences) == source
     assert _export(back, tmp_path / "back.jsonl") == first
-    # Each store keeps its own id (the checkpoint origin); the source's checkpoint still
-    # proves the restored log extends it.
+    # Each store keeps its own id, the origin of a log never named (R29: a signed log is
+    # named, and keeps its origin); the source's checkpoint still proves the restored log
+    # extends it.
     assert len({_origin(u) for u in (sqlite_url, mysql_url, back)}) == 3
     assert again["origin"] == _origin(back)
     code, report = cli_json("--db", back, "audit", "verify", "--from-checkpoint", str(earlier))
@@ -581,10 +582,10 @@ TRAILER_REFUSALS: dict[str, tuple[Tamper, int, dict[str, Any], str]] = {
     "wrong_root": (_set("root", OTHER_ROOT), 0, {"field": "trailer.root"}, OTHER_ROOT),
     "says_damaged": (_set("damaged", 2), 0, {"field": "trailer.damaged"}, "2 row(s)"),
     "unknown_version": (
-        _set("trailer", 2),
+        _set("trailer", 3),  # 2 exists since R29: it counts checkpoint lines
         0,
         {"field": "trailer.trailer"},
-        "trailer version 2 is not one this release reads",
+        "trailer version 3 is not one this release reads",
     ),
     "not_last": (
         _move_trailer_up,

@@ -223,10 +223,14 @@ def check_export_vectors(doc: dict[str, Any], events: dict[str, Any]) -> None:
         _expect(f"trailer of {size}", json.loads(case["line"]), want)
 
 
-def check_trailer(record: dict[str, Any], verified: Verified) -> None:
-    """LOG-FORMAT.md "Trailer": what the last line says about the lines before it."""
-    _expect("trailer version", record.get("trailer"), 1)
-    _expect("trailer fields", sorted(record), sorted(TRAILER_FIELDS))
+def check_trailer(record: dict[str, Any], verified: Verified, checkpoints: int = 0) -> None:
+    """LOG-FORMAT.md "Trailer": what the last line says about the lines before it
+    (version 2 exactly when checkpoint lines precede it, counting them)."""
+    _expect("trailer version", record.get("trailer"), 2 if checkpoints else 1)
+    fields = (*TRAILER_FIELDS, "checkpoints") if checkpoints else TRAILER_FIELDS
+    _expect("trailer fields", sorted(record), sorted(fields))
+    if checkpoints:
+        _expect("trailer checkpoints", record["checkpoints"], checkpoints)
     _expect("trailer damaged", record["damaged"], 0)
     _expect("trailer count", record["count"], verified.size)
     _expect("trailer head_position", record["head_position"], verified.size)
@@ -235,6 +239,26 @@ def check_trailer(record: dict[str, Any], verified: Verified) -> None:
 
 
 TRAILER_FIELDS = ("trailer", "count", "head_position", "head_chain", "root", "damaged")
+CHECKPOINT_FIELDS = ("checkpoint", "origin", "size", "root", "note", "stored_at_us")
+
+
+def check_checkpoint_line(
+    record: dict[str, Any], leaves: list[bytes], catalog: list[bytes]
+) -> None:
+    """LOG-FORMAT.md "Checkpoint lines": the note's body is the line's origin, size and
+    root, and that is the tree (the log's, or its catalog log's) at that size."""
+    _expect("checkpoint line version", record.get("checkpoint"), 1)
+    _expect("checkpoint line fields", sorted(record), sorted(CHECKPOINT_FIELDS))
+    body = record["note"].split("\n\n", 1)[0].split("\n")
+    _expect(
+        "checkpoint note body", body[:3], [record["origin"], str(record["size"]), record["root"]]
+    )
+    tree = catalog if record["origin"].endswith("/catalog") else leaves
+    if record["size"] > len(tree):
+        raise Mismatch(f"checkpoint of {record['origin']}: size {record['size']} past the tree")
+    _expect(
+        "checkpoint root", record["root"], base64.b64encode(mth(tree[: record["size"]])).decode()
+    )
 
 
 def verify_export(lines: Iterable[str], *, legacy_no_trailer: bool = False) -> Verified:
@@ -243,6 +267,8 @@ def verify_export(lines: Iterable[str], *, legacy_no_trailer: bool = False) -> V
     chain = bytes(32)
     leaves: list[bytes] = []
     trailer: dict[str, Any] | None = None
+    carried: list[dict[str, Any]] = []
+    catalog: list[bytes] = []  # the catalog log's leaves: catalog.published event ids
     number = 0
     for number, text in enumerate(lines, start=1):
         record = json.loads(text)
@@ -251,6 +277,11 @@ def verify_export(lines: Iterable[str], *, legacy_no_trailer: bool = False) -> V
         if "trailer" in record:
             trailer = record
             continue
+        if "checkpoint" in record:
+            carried.append(record)
+            continue
+        if carried:
+            raise Mismatch(f"line {number}: an event line after a checkpoint line")
         _expect("position", record["position"], number)
         agg = uuid.UUID(record["aggregate_id"]).bytes
         state = base64.b64decode(record["state_b64"], validate=True)
@@ -259,11 +290,15 @@ def verify_export(lines: Iterable[str], *, legacy_no_trailer: bool = False) -> V
         chain = chain_link(chain, eid)
         _expect(f"{number}: chain", chain.hex(), record["chain"])
         leaves.append(leaf(eid))
+        if record["topic"].startswith("catalog.published@"):
+            catalog.append(leaf(eid))
     verified = Verified(len(leaves), mth(leaves), chain)
     if number == 0:
         raise Mismatch("an empty file is not an export")
+    for record in carried:
+        check_checkpoint_line(record, leaves, catalog)
     if trailer is not None:
-        check_trailer(trailer, verified)
+        check_trailer(trailer, verified, len(carried))
     elif not legacy_no_trailer:
         raise Mismatch(f"no trailer after line {number}: the export is cut short")
     return verified

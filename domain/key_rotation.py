@@ -1,0 +1,236 @@
+"""Key rotation statements of the log's signing key (R29, issue 28 item 6).
+
+A rotation statement is a C2SP signed note by the *old* key, recorded in the log as
+``log_key.rotated`` (``domain.log_identity``), whose body is::
+
+    catalog-ledger key rotation v1
+    origin <origin>
+    old <verifier key text>
+    new <verifier key text>
+    until <unix seconds>
+
+It is covered by every later checkpoint of the log, so the witnesses that cosign those
+checkpoints cosign it too: every client is shown the same rotation (no split view of
+keys). ``rotation_in_log`` checks that a statement is in a (cosigned) checkpoint's tree;
+``apply_rotation`` is the whole rule a client (or an auditor) applies to its pinned key
+set. Pure: no I/O, no clock (``now`` is an argument).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from domain import merkle
+from domain.digests import event_id
+from domain.errors import IntegrityFailure, InvalidInput
+from domain.log_identity import check_origin, log_identity_id
+from domain.notes import Checkpoint, SignerKey, VerifierKey, key_id
+
+#: The first line of a rotation statement's body (its format and version).
+ROTATION_HEADER = "catalog-ledger key rotation v1"
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """A parsed rotation statement (signatures not checked here)."""
+
+    origin: str
+    old: VerifierKey
+    new: VerifierKey
+    until: int
+
+    def body(self) -> str:
+        return (
+            f"{ROTATION_HEADER}\norigin {self.origin}\nold {self.old.text()}\n"
+            f"new {self.new.text()}\nuntil {self.until}\n"
+        )
+
+    @classmethod
+    def parse(cls, note: str, *, field: str = "statement") -> Rotation:
+        body = note.split("\n\n", 1)[0]
+        lines = body.removesuffix("\n").split("\n")
+        labels = [line.split(" ", 1)[0] for line in lines[1:]]
+        if (
+            len(lines) != 5
+            or lines[0] != ROTATION_HEADER
+            or labels
+            != [
+                "origin",
+                "old",
+                "new",
+                "until",
+            ]
+        ):
+            raise InvalidInput(
+                f"{field} is not a key rotation statement ({ROTATION_HEADER}: origin, old, "
+                "new, until)",
+                field=field,
+            )
+        values = [line.split(" ", 1)[1] if " " in line else "" for line in lines[1:]]
+        until = values[3]
+        if not (until.isascii() and until.isdigit() and len(until) <= 19):
+            raise InvalidInput(f"{field}: until is not unix seconds", field=field)
+        return cls(
+            origin=check_origin(values[0], field=field),
+            old=VerifierKey.parse(values[1], field=f"{field}.old"),
+            new=VerifierKey.parse(values[2], field=f"{field}.new"),
+            until=int(until),
+        )
+
+
+def rotation_statement(origin: str, old: SignerKey, new: VerifierKey, until: int) -> str:
+    """The signed rotation statement: ``old`` announces ``new``; ``old`` stays valid until
+    ``until`` (unix seconds)."""
+    if new.public == old.verifier.public:
+        raise InvalidInput("the new key is the old key", field="new")
+    return old.sign(Rotation(check_origin(origin), old.verifier, new, until).body())
+
+
+@dataclass(frozen=True)
+class PinnedKey:
+    """A key of a pinned set; ``until`` (unix seconds) ends an old key's overlap."""
+
+    key: VerifierKey
+    until: int | None = None
+
+    def valid_at(self, now: int) -> bool:
+        return self.until is None or now <= self.until
+
+
+def apply_rotation(
+    pinned: Iterable[VerifierKey | PinnedKey], statement: str, *, origin: str, now: int
+) -> tuple[PinnedKey, ...]:
+    """The key set after a rotation statement, or INTEGRITY (nothing changes).
+
+    The statement must be for ``origin`` (``wrong_origin``), its overlap must not be over
+    at ``now`` (``expired``: a client that missed the overlap takes a new policy out of
+    band, never an old key's word), and it must carry a valid signature by its ``old``
+    key, which must be a pinned key valid at ``now`` (``not_pinned``, ``bad_signature``,
+    ``no_signature``). The result keeps every other pinned key, gives the old key the
+    statement's ``until``, and adds the new key with no end.
+    """
+    keys = tuple(k if isinstance(k, PinnedKey) else PinnedKey(k) for k in pinned)
+    try:
+        rotation = Rotation.parse(statement)
+    except InvalidInput as exc:
+        raise IntegrityFailure(exc.message, reason="malformed_rotation") from None
+    if rotation.origin != origin:
+        raise IntegrityFailure(
+            f"the key rotation is for {rotation.origin!r}, not {origin!r}",
+            reason="wrong_origin",
+            origin=rotation.origin,
+        )
+    if now > rotation.until:
+        raise IntegrityFailure(
+            f"the key rotation's overlap ended at {rotation.until} (now {now}): the old key "
+            "is no longer trusted to announce its successor; take a new policy out of band",
+            reason="expired",
+            until=rotation.until,
+            now=now,
+        )
+    signer = next(
+        (
+            k
+            for k in keys
+            if k.key.public == rotation.old.public
+            and k.key.name == rotation.old.name
+            and k.valid_at(now)
+        ),
+        None,
+    )
+    if signer is None:
+        raise IntegrityFailure(
+            f"the key rotation's old key {rotation.old.text()} is not a pinned key valid now",
+            reason="not_pinned",
+        )
+    check_signature(signer.key, statement)
+    kept = tuple(k for k in keys if k.key.public not in (rotation.old.public, rotation.new.public))
+    return (*kept, PinnedKey(signer.key, rotation.until), PinnedKey(rotation.new))
+
+
+def check_signature(key: VerifierKey, note: str) -> None:
+    """``VerifierKey.verify`` for a note whose body is not a checkpoint: INTEGRITY
+    (``bad_signature``, ``no_signature``) unless ``note`` carries a valid signature by
+    ``key``."""
+    text, sep, signatures = note.partition("\n\n")
+    if not sep:
+        raise IntegrityFailure("the key rotation is not signed", reason="no_signature")
+    body = (text + "\n").encode()
+    wanted = key_id(key.name, key.public)
+    for line in signatures.splitlines():
+        parts = line.split(" ")
+        if len(parts) != 3 or parts[0] != "\u2014" or parts[1] != key.name:
+            continue
+        try:
+            raw = base64.b64decode(parts[2], validate=True)
+        except ValueError:
+            continue
+        if raw[:4] != wanted:
+            continue
+        try:
+            Ed25519PublicKey.from_public_bytes(key.public).verify(raw[4:], body)
+        except InvalidSignature:
+            raise IntegrityFailure(
+                f"the key rotation's signature by {key.name} does not verify",
+                reason="bad_signature",
+            ) from None
+        return
+    raise IntegrityFailure(
+        f"the key rotation has no signature by its old key {key.name}", reason="no_signature"
+    )
+
+
+@dataclass(frozen=True)
+class StoredRotation:
+    """A ``log_key.rotated`` event as stored (LOG-FORMAT "Row fields"), for a client that is
+    shown it with an inclusion proof under a cosigned checkpoint of the main log."""
+
+    aggregate_id: bytes
+    version: int
+    topic: bytes
+    state: bytes
+
+
+def rotation_in_log(
+    event: StoredRotation, leaf_index: int, proof: list[bytes], checkpoint: Checkpoint
+) -> str:
+    """The rotation statement ``event`` holds, if ``event`` is in the log ``checkpoint``
+    commits to (the RFC 9162 inclusion ``proof`` of its event id at ``leaf_index``): the
+    witnesses that cosigned ``checkpoint`` then vouch that every client sees this rotation.
+    The checkpoint's signature and cosignatures are checked by the caller, as for any
+    checkpoint. INTEGRITY ``not_a_rotation`` for another event, ``bad_inclusion`` when the
+    proof does not verify."""
+    topic = event.topic.decode("utf-8", "replace")
+    try:
+        state = json.loads(event.state)
+    except ValueError:
+        state = None
+    ok = (
+        event.aggregate_id == log_identity_id().bytes
+        and topic.rpartition("@")[0] == "log_key.rotated"
+        and isinstance(state, dict)
+        and isinstance(state.get("statement"), str)
+    )
+    if not ok:
+        raise IntegrityFailure(
+            "the event is not a log_key.rotated event of the log identity",
+            reason="not_a_rotation",
+        )
+    assert isinstance(state, dict)
+    ident = event_id(event.aggregate_id, event.version, event.topic, event.state)
+    try:
+        merkle.verify_inclusion(
+            leaf_index, checkpoint.size, merkle.leaf_hash(ident), proof, checkpoint.root
+        )
+    except IntegrityFailure:
+        raise IntegrityFailure(
+            f"the rotation event is not at leaf {leaf_index} of the checkpoint's tree",
+            reason="bad_inclusion",
+        ) from None
+    return str(state["statement"])
