@@ -16,26 +16,23 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID
 
-import httpx
 import orjson
 import pytest
 from fastapi.testclient import TestClient
 
 from domain import merkle
 from domain.digests import event_id
-from domain.notes import SignerKey, WitnessKey, verify_cosignatures
+from domain.notes import SignerKey, verify_cosignatures
 from ledger.api import Store
 from ledger.http.app import create_app
 from tests.support.cli_inprocess import cli, cli_json
-from tests.support.cli_support import SCRIPT, free_port
 from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World
+from tests.support.witness_processes import Witness
 
 PATH = "/v1/audiences/integration/a/view"
 W0, W1, W2 = (f"witness.example/w{n}" for n in range(3))
@@ -48,42 +45,6 @@ def publish(world: World, version: int) -> None:
             push_closure("integration:a", "sales"),
         )
     )
-
-
-class Witness:
-    def __init__(self, folder: Path, name: str, origin: str, log_key: str) -> None:
-        self.folder, self.name = folder, name
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        code, document = cli_json(
-            "witness", "keygen", f"witness.example/{name}", "--out", str(folder / name)
-        )
-        assert code == 0, document
-        self.key = WitnessKey.parse(document["verifier_key"])
-        self.proc = subprocess.Popen(
-            [str(SCRIPT), "witness", "serve", "--db", str(folder / f"{name}.db"),
-             "--key", str(folder / name), "--log", f"{origin}={log_key}",
-             "--listen", f"127.0.0.1:{self.port}"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.stop()
-            try:
-                httpx.get(f"{self.url}/nothing", timeout=2)
-                return
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise AssertionError(f"witness {self.name} did not start")
-
-    def stop(self) -> str:
-        if self.proc.returncode is None:
-            self.proc.terminate()
-        _, err = self.proc.communicate(timeout=30)
-        return err.decode(errors="replace")
 
 
 @pytest.fixture
