@@ -36,6 +36,7 @@ from ledger.store.runtime import Ledger
 from tests.support.cli_inprocess import cli
 from tests.support.gitrepo import push_closure
 from tests.support.lifecycle_support import World, content
+from tests.support.stores import INITIALIZED, MariaDBStores
 from tests.support.tcp_proxy import DropMode, MySQLProxy
 
 PACKS = ("sales", "crm")
@@ -146,10 +147,19 @@ def assert_retry_classified(
 
 
 @pytest.fixture
-def world(mysql_url: str, tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path, mysql_url)
-    yield w
-    w.close()
+def world(mariadb_stores: MariaDBStores, tmp_path: Path) -> Iterator[World]:
+    """A store in exactly the state ``init`` leaves, from this worker's initialized
+    MariaDB databases (``tests/support/stores.py``): no DDL per test; a database a
+    test leaves in another shape, or cannot empty, is dropped, never reused."""
+    url = mariadb_stores.take()
+    INITIALIZED.add(url)
+    try:
+        w = World(tmp_path, url)
+        yield w
+        w.close()
+    finally:
+        INITIALIZED.discard(url)
+        mariadb_stores.give_back(url)
 
 
 @pytest.fixture
@@ -352,7 +362,7 @@ def test_r11_drop_inside_the_recording_append_commits_nothing(
 
 
 def test_r11_drop_now_while_an_append_waits_for_the_head_lock(
-    world: World, mysql_url: str, proxy: MySQLProxy
+    world: World, proxy: MySQLProxy
 ) -> None:
     """``drop_now`` mid-transaction: the append is blocked on the head row lock held by
     another session when every proxied connection is cut."""
@@ -360,7 +370,7 @@ def test_r11_drop_now_while_an_append_waits_for_the_head_lock(
     before = observe(world.ledger)
     manifest = release(world, 2)
     cid = "release-2-drop-now"
-    u = make_url(mysql_url)
+    u = make_url(world.url)
     blocker = pymysql.connect(
         host="127.0.0.1", port=u.port or 3306, user=u.username or "root", database=u.database
     )

@@ -1474,7 +1474,10 @@ def harness(engine_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> 
     engine.close()
 
 
-def test_r6_r17_lifecycle_model_agrees_with_the_store(harness: Harness) -> None:
-    stats = run_model(harness, examples=10, steps=30)
+def test_r6_r17_lifecycle_model_agrees_with_the_store(harness: Harness, engine_url: str) -> None:
+    # MariaDB (several times the cost per step: its commits) runs half as many examples
+    # from the same derandomized seed; the campaign runs many more on both engines.
+    examples = 10 if engine_url.startswith("sqlite") else 5
+    stats = run_model(harness, examples=examples, steps=30)
     assert stats.steps > 0 and any(k.endswith(" ok") for k in stats.outcomes)
     assert any(" rejected" in k for k in stats.outcomes)

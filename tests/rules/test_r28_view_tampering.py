@@ -5,7 +5,8 @@ binding, and a next manifest that changes one pack, so ``publish`` and ``apply``
 real work to do. Then, one at a time, every view table the reader or the command side
 reads (``publish_fragment`` and ``projection_state`` included) gets: a single-cell edit
 of each column of a live row, a deleted row, an inserted row and, on SQLite, a column
-stored as another type. After each edit:
+stored as another type. The default run sweeps a sample on each engine (every table,
+every kind of edit, every content cell); ``make campaign`` every edit. After each edit:
 
 * ``view`` of every audience gives the untampered bytes or INTEGRITY (MISSING for the
   audience the log never granted; STALE naming the projection for ``projection_state``
@@ -535,6 +536,17 @@ def _sample(all_edits: list[Edit]) -> list[Edit]:
 def test_r28_no_edited_view_row_reaches_a_runtime_or_the_log_sqlite(
     sqlite_base: tuple[Base, Copies],
 ) -> None:
+    """The sample (every table, every kind of edit, every content cell, the semantic and
+    state edits); every edit of every column in ``make campaign`` (below)."""
+    base, copies = sqlite_base
+    chosen = _sample(edits(copies.base, sqlite=True))
+    assert {e.what.split()[0] for e in chosen} >= {"edit", "retype", "delete", "insert"}
+    assert {e.table for e in chosen} == {e.table for e in edits(copies.base, sqlite=True)}
+    assert sweep(base, copies, chosen) == []
+
+
+@pytest.mark.campaign
+def test_r28_every_edit_on_sqlite(sqlite_base: tuple[Base, Copies]) -> None:
     base, copies = sqlite_base
     chosen = edits(copies.base, sqlite=True)
     assert len(chosen) > 100
