@@ -205,6 +205,13 @@ def test_r29_catalog_log_and_bundle_vectors_are_what_the_code_generates() -> Non
     }
 
 
+def test_r29_log_format_names_the_vectors_of_the_catalog_log_and_the_bundle() -> None:
+    spec = (ROOT / "schema" / "LOG-FORMAT.md").read_text(encoding="utf-8")
+    sections = {s.split("\n", 1)[0]: s for s in spec.split("\n## ")[1:]}
+    for title, name in (("Catalog log", "catalog_log.json"), ("Proof bundle", "bundle.json")):
+        assert f"Vectors: `schema/vectors/log/{name}`" in sections[title], title
+
+
 # -- the catalog log -------------------------------------------------------------------------
 
 
