@@ -22,6 +22,7 @@ import orjson
 from domain import audience_map, merkle
 from domain.digests import ZERO_CHAIN, Purpose, aggregate_id, digest, event_id, lp, next_chain, u64
 from domain.notes import Checkpoint
+from ledger.audit.bundle_vectors import bundle_vectors, catalog_log_vectors
 from ledger.log.trailer import Trailer
 
 ORIGIN = "catalog-ledger/00000000000000000000000000000000"
@@ -397,4 +398,6 @@ def all_vectors() -> dict[str, dict[str, Any]]:
         "audience_map.json": audience_map_vectors(),
         "export.json": export_vectors(events["events"]),
         "log_identity.json": log_identity_vectors(),
+        "catalog_log.json": catalog_log_vectors(),
+        "bundle.json": bundle_vectors(),
     }
