@@ -29,7 +29,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
@@ -79,6 +79,26 @@ def key_id(name: str, public: bytes) -> bytes:
     return hashlib.sha256(name.encode() + b"\n" + _ED25519 + public).digest()[:4]
 
 
+def _verifier_key(
+    text: str, field: str, kind: bytes, ident_of: Callable[[str, bytes], bytes], what: str
+) -> tuple[str, bytes]:
+    """The name and public key of a signed-note verifier key ``<name>+<key id
+    hex>+<base64(type byte || public key)>`` of type ``kind``; INVALID naming ``field``."""
+    parts = text.strip().split("+", 2)  # base64 may itself contain '+'
+    if len(parts) != 3 or not _NAME.fullmatch(parts[0]):
+        raise InvalidInput(f"{field} is not a verifier key (name+id+key)", field=field)
+    name, ident, body = parts
+    try:
+        raw = base64.b64decode(body, validate=True)
+    except ValueError:
+        raise InvalidInput(f"{field}: the key is not base64", field=field) from None
+    if len(raw) != 33 or raw[:1] != kind:
+        raise InvalidInput(f"{field}: not {what}", field=field)
+    if ident_of(name, raw[1:]).hex() != ident.lower():
+        raise InvalidInput(f"{field}: the key id does not match the key", field=field)
+    return name, raw[1:]
+
+
 @dataclass(frozen=True)
 class VerifierKey:
     name: str
@@ -90,20 +110,8 @@ class VerifierKey:
 
     @classmethod
     def parse(cls, text: str, *, field: str = "key") -> VerifierKey:
-        parts = text.strip().split("+", 2)  # base64 may itself contain '+'
-        if len(parts) != 3 or not _NAME.fullmatch(parts[0]):
-            raise InvalidInput(f"{field} is not a verifier key (name+id+key)", field=field)
-        name, ident, body = parts
-        try:
-            raw = base64.b64decode(body, validate=True)
-        except ValueError:
-            raise InvalidInput(f"{field}: the key is not base64", field=field) from None
-        if len(raw) != 33 or raw[:1] != _ED25519:
-            raise InvalidInput(f"{field}: not an Ed25519 verifier key", field=field)
-        key = cls(name, raw[1:])
-        if key_id(name, key.public).hex() != ident.lower():
-            raise InvalidInput(f"{field}: the key id does not match the key", field=field)
-        return key
+        name, public = _verifier_key(text, field, _ED25519, key_id, "an Ed25519 verifier key")
+        return cls(name, public)
 
     def verify(self, note: str) -> Checkpoint:
         """The checkpoint, if ``note`` carries a valid signature by this key."""
@@ -330,22 +338,9 @@ class WitnessKey:
 
     @classmethod
     def parse(cls, text: str, *, field: str = "key") -> WitnessKey:
-        parts = text.strip().split("+", 2)  # base64 may itself contain '+'
-        if len(parts) != 3 or not _NAME.fullmatch(parts[0]):
-            raise InvalidInput(f"{field} is not a verifier key (name+id+key)", field=field)
-        name, ident, body = parts
-        try:
-            raw = base64.b64decode(body, validate=True)
-        except ValueError:
-            raise InvalidInput(f"{field}: the key is not base64", field=field) from None
-        if len(raw) != 33 or raw[:1] != COSIGNATURE_V1:
-            raise InvalidInput(
-                f"{field}: not a cosignature/v1 verifier key (type 0x04, Ed25519)", field=field
-            )
-        key = cls(name, raw[1:])
-        if key.key_id.hex() != ident.lower():
-            raise InvalidInput(f"{field}: the key id does not match the key", field=field)
-        return key
+        kind = "a cosignature/v1 verifier key (type 0x04, Ed25519)"
+        name, public = _verifier_key(text, field, COSIGNATURE_V1, cosignature_key_id, kind)
+        return cls(name, public)
 
     def signed(self, signature: NoteSignature) -> bool:
         """Whether ``signature`` names this key (its name and key id)."""

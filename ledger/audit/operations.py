@@ -56,16 +56,12 @@ def verifier_key(key: str | None) -> VerifierKey | None:
     return VerifierKey.parse(text, field="key")
 
 
-def keygen(name: str, out: Path) -> KeygenResult:
-    """Create an Ed25519 checkpoint signer key at ``out`` (and ``out.pub``).
+def write_key_pair(out: Path, private: str, public: str) -> None:
+    """Write a private key file at ``out`` and its verifier key at ``out.pub``.
 
-    The private key file is created with mode 0600 in the same call that
-    creates it (``O_CREAT | O_EXCL``): it is never readable by others, not
-    even for an instant, and an existing file is never overwritten.
-    """
-    from domain.notes import SignerKey
-
-    key = SignerKey.generate(name)
+    The private key file is created with mode 0600 in the same call that creates it
+    (``O_CREAT | O_EXCL``): it is never readable by others, not even for an instant,
+    and an existing file is never overwritten (INVALID naming ``out``)."""
     try:
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -76,10 +72,23 @@ def keygen(name: str, out: Path) -> KeygenResult:
         raise InvalidInput(f"cannot create {out}: {exc.strerror}", field="out") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(key.text() + "\n")
-        out.with_name(out.name + ".pub").write_text(key.verifier.text() + "\n", encoding="utf-8")
+            handle.write(private + "\n")
+        out.with_name(out.name + ".pub").write_text(public + "\n", encoding="utf-8")
     except OSError as exc:
         raise InvalidInput(f"cannot write {out}: {exc.strerror}", field="out") from None
+
+
+def keygen(name: str, out: Path) -> KeygenResult:
+    """Create an Ed25519 checkpoint signer key at ``out`` (and ``out.pub``).
+
+    The private key file is created with mode 0600 in the same call that
+    creates it (``O_CREAT | O_EXCL``): it is never readable by others, not
+    even for an instant, and an existing file is never overwritten.
+    """
+    from domain.notes import SignerKey
+
+    key = SignerKey.generate(name)
+    write_key_pair(out, key.text(), key.verifier.text())
     return {"signer_key_file": str(out), "verifier_key": key.verifier.text()}
 
 

@@ -6,7 +6,6 @@ it cosigned per log, and the evidence of the forks it refused.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,22 +50,10 @@ def witness_keygen(name: str, out: Path, as_json: bool) -> None:
     """Create the witness key NAME (Ed25519, cosignature/v1) and print its verifier key
     (NAME+<id>+<base64(0x04||key)>), the text logs and clients pin."""
     from domain.notes import WitnessSigner
+    from ledger.audit.operations import write_key_pair
 
     key = WitnessSigner.generate(name)
-    try:
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise InvalidInput(
-            f"{out} already exists; refusing to overwrite a key", field="out"
-        ) from None
-    except OSError as exc:
-        raise InvalidInput(f"cannot create {out}: {exc.strerror}", field="out") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(key.text() + "\n")
-        out.with_name(out.name + ".pub").write_text(key.verifier.text() + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise InvalidInput(f"cannot write {out}: {exc.strerror}", field="out") from None
+    write_key_pair(out, key.text(), key.verifier.text())
     document = {"signer_key_file": str(out), "verifier_key": key.verifier.text()}
     emit(as_json, document, lambda: click.echo(document["verifier_key"]))
 
