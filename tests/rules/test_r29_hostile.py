@@ -8,13 +8,17 @@ app and SQLite file through Starlette's test client, the collector's line filter
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import httpx
+import orjson
 import pytest
 
-from domain.bundle import TrustPolicy, verify_bundle
+from domain.bundle import Accepted, TrustPolicy, verify_bundle
 from domain.errors import IntegrityFailure, InvalidInput, Stale
 from domain.notes import WitnessSigner
+from ledger.client import CatalogClient
 from tests.support.bundles import NOW, CatalogLog
 
 APP = "app:shop"
@@ -68,3 +72,50 @@ def test_r29_a_clock_that_is_no_time_fails_closed(log: CatalogLog, now: float) -
     with pytest.raises(Stale) as caught:
         verify_bundle(view(log), log.bundle(APP), log.policy(), None, now)
     assert caught.value.details["axis"] == "freshness"
+
+
+class Server:
+    """The view route of a server serving the checkpoint of ``size``."""
+
+    def __init__(self, log: CatalogLog) -> None:
+        self.log = log
+        self.size = len(log.revisions)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        params = dict(request.url.params)
+        since = int(params["since_size"]) if "since_size" in params else None
+        body = self.log.revisions[self.size - 1].views[APP].to_json()
+        body["proof"] = self.log.bundle(APP, size=self.size, since_size=since)
+        return httpx.Response(200, content=orjson.dumps(body))
+
+
+def test_r29_two_clients_sharing_a_state_file_never_move_it_back(
+    log: CatalogLog, tmp_path: Path
+) -> None:
+    """Client A moves the shared state to 3; client B, which read the file at 1, is then
+    served size 2 (a lagging replica). B used to accept 2 (it extends *its* 1) and write
+    it over A's 3, so the next client accepted a rollback. B now starts from the file."""
+    state = tmp_path / "state.json"
+    server = Server(log)
+
+    def client() -> CatalogClient:
+        return CatalogClient(
+            "http://catalog.test",
+            transport=httpx.MockTransport(server.handle),
+            trust=log.policy(),
+            state_file=state,
+            clock=lambda: NOW,
+        )
+
+    server.size = 1
+    with client() as first:
+        first.view(APP)
+    with client() as a, client() as b:
+        assert a.accepted == b.accepted == Accepted(1, log.checkpoint(1).root, 1)
+        server.size = 3
+        a.view(APP)
+        server.size = 2
+        with pytest.raises(Stale) as caught:
+            b.view(APP)
+        assert caught.value.details == {"axis": "checkpoint", "required": 3, "served": 2}
+    assert orjson.loads(state.read_bytes())["size"] == 3
