@@ -8,17 +8,26 @@ app and SQLite file through Starlette's test client, the collector's line filter
 
 from __future__ import annotations
 
+import base64
+import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from starlette.testclient import TestClient
 
+from domain import merkle
 from domain.bundle import Accepted, TrustPolicy, verify_bundle
 from domain.errors import IntegrityFailure, InvalidInput, Stale
-from domain.notes import WitnessSigner
+from domain.notes import Checkpoint, SignerKey, WitnessSigner
 from ledger.client import CatalogClient
+from ledger.witness.app import create_app
+from ledger.witness.protocol import Witness
+from ledger.witness.state import WitnessState
+from ledger.witness.submit import request_body
 from tests.support.bundles import NOW, CatalogLog
 
 APP = "app:shop"
@@ -119,3 +128,73 @@ def test_r29_two_clients_sharing_a_state_file_never_move_it_back(
             b.view(APP)
         assert caught.value.details == {"axis": "checkpoint", "required": 3, "served": 2}
     assert orjson.loads(state.read_bytes())["size"] == 3
+
+
+# -- the witness --------------------------------------------------------------------------
+
+ORIGIN = "log.example/hostile"
+LOG_KEY = SignerKey.generate(ORIGIN)
+WITNESS_KEY = WitnessSigner.generate("witness.example/hostile")
+LEAVES = [merkle.leaf_hash(b"leaf %d" % i) for i in range(8)]
+FORK = [merkle.leaf_hash(b"fork %d" % i) for i in range(8)]
+
+
+def _note(size: int, leaves: list[bytes] = LEAVES) -> str:
+    return LOG_KEY.sign(Checkpoint(ORIGIN, size, merkle.root(leaves[:size])).text())
+
+
+def _witness(path: Path) -> tuple[Witness, TestClient]:
+    witness = Witness(WitnessState(path), WITNESS_KEY, {ORIGIN: [LOG_KEY.verifier]}, lambda: 1000)
+    return witness, TestClient(create_app(witness), raise_server_exceptions=False)
+
+
+def test_r29_witness_refuses_a_size_past_2_63_without_a_crash(tmp_path: Path) -> None:
+    """A log-signed checkpoint of size 2^63 parsed (19 digits) and crashed the SQLite
+    write with an OverflowError: HTTP 500 and a traceback. Now 400, nothing kept."""
+    witness, client = _witness(tmp_path / "w.db")
+    body = f"{ORIGIN}\n{2**63}\n{base64.b64encode(bytes(32)).decode()}\n"
+    answer = client.post("/add-checkpoint", content=request_body(LOG_KEY.sign(body), 0, []))
+    assert (answer.status_code, answer.text) == (
+        400,
+        f"the checkpoint's size is past {2**63 - 1}, more than this witness keeps\n",
+    )
+    assert witness.state.known(ORIGIN) is None
+
+
+def test_r29_witness_file_rewound_under_a_running_witness_is_refused(tmp_path: Path) -> None:
+    """Whoever can write the witness's file while it runs rewinds its row (here: back to
+    nothing); the witness then cosigned a fork of the tree it had cosigned. It now
+    remembers what it cosigned and answers 503 until an operator looks."""
+    _, client = _witness(tmp_path / "w.db")
+    assert client.post("/add-checkpoint", content=request_body(_note(5), 0, [])).status_code == 200
+    with sqlite3.connect(tmp_path / "w.db") as db:
+        db.execute("DELETE FROM cosigned")
+    answer = client.post("/add-checkpoint", content=request_body(_note(5, FORK), 0, []))
+    assert answer.status_code == 503, answer.text
+    assert "edited or replaced" in answer.text
+    with sqlite3.connect(tmp_path / "w.db") as db:
+        assert db.execute("SELECT count(*) FROM cosigned").fetchone() == (0,)
+
+
+def test_r29_concurrent_fork_requests_get_one_root_cosigned(tmp_path: Path) -> None:
+    """Sixteen requests at once, half for one root of size 5 and half for a fork of it,
+    all from size 0: exactly one is cosigned, every other is told the size now known
+    (409), and the kept row is the winner's."""
+    witness, client = _witness(tmp_path / "w.db")
+    answers: list[tuple[int, int]] = []
+    barrier = threading.Barrier(16)
+
+    def submit(n: int) -> None:
+        body = request_body(_note(5, FORK if n % 2 else LEAVES), 0, [])
+        barrier.wait()
+        answers.append((n % 2, client.post("/add-checkpoint", content=body).status_code))
+
+    threads = [threading.Thread(target=submit, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(status for _, status in answers) == [200] + [409] * 15
+    winner = next(side for side, status in answers if status == 200)
+    kept = witness.state.known(ORIGIN)
+    assert kept is not None and kept.root == merkle.root((FORK if winner else LEAVES)[:5])
