@@ -22,7 +22,8 @@ from starlette.testclient import TestClient
 from domain import merkle
 from domain.bundle import Accepted, TrustPolicy, verify_bundle
 from domain.errors import IntegrityFailure, InvalidInput, Stale
-from domain.notes import Checkpoint, SignerKey, WitnessSigner
+from domain.notes import Checkpoint, SignerKey, WitnessKey, WitnessSigner
+from ledger.audit.cosign import Witness as CollectedWitness
 from ledger.client import CatalogClient
 from ledger.witness.app import create_app
 from ledger.witness.protocol import Witness
@@ -198,3 +199,25 @@ def test_r29_concurrent_fork_requests_get_one_root_cosigned(tmp_path: Path) -> N
     winner = next(side for side, status in answers if status == 200)
     kept = witness.state.known(ORIGIN)
     assert kept is not None and kept.root == merkle.root((FORK if winner else LEAVES)[:5])
+
+
+# -- the collector ------------------------------------------------------------------------
+
+
+def test_r29_collector_keeps_one_valid_line_per_witness(log: CatalogLog) -> None:
+    """A witness's answer: garbage, another pinned witness's valid line, its own line
+    for another body, and 150 valid lines of its own. Only its newest valid line is
+    kept: 150 would have made the stored note unreadable to every client (more than
+    the 100 signatures a note may carry), one witness denying all reads."""
+    body = log.checkpoint().text()
+    mine, other = log.witnesses[0], log.witnesses[1]
+    answer = [
+        "not a signature line",
+        "\u2014 " + mine.name + " AAAA",
+        other.cosign(body, NOW),
+        mine.cosign(log.checkpoint(2).text(), NOW + 999),
+        *(mine.cosign(body, NOW - n) for n in range(150)),
+    ]
+    collected = CollectedWitness(WitnessKey.parse(mine.verifier.text()), "http://w0.test")
+    assert collected.valid_lines(body, answer) == [mine.cosign(body, NOW)]
+    assert collected.valid_lines(body, answer[:4]) == []
