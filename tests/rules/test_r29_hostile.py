@@ -11,9 +11,11 @@ from __future__ import annotations
 import base64
 import sqlite3
 import threading
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 import pytest
@@ -221,3 +223,49 @@ def test_r29_collector_keeps_one_valid_line_per_witness(log: CatalogLog) -> None
     collected = CollectedWitness(WitnessKey.parse(mine.verifier.text()), "http://w0.test")
     assert collected.valid_lines(body, answer) == [mine.cosign(body, NOW)]
     assert collected.valid_lines(body, answer[:4]) == []
+
+
+def test_r29_witness_answers_408_to_a_slow_loris_body(tmp_path: Path) -> None:
+    """A client that sends the first bytes of a body and then nothing used to hold the
+    request open for ever (one connection each, until the witness ran out of them).
+    The body now has a deadline (here 50 ms): 408, and nothing was cosigned."""
+    witness = Witness(
+        WitnessState(tmp_path / "w.db"), WITNESS_KEY, {ORIGIN: [LOG_KEY.verifier]}, lambda: 1000
+    )
+    app = create_app(witness, body_seconds=0.05)
+    sent: list[MutableMapping[str, Any]] = []
+    first = request_body(_note(5), 0, [])[:10]
+
+    async def receive() -> dict[str, Any]:
+        if not sent:
+            sent.append({})
+            return {"type": "http.request", "body": first, "more_body": True}
+        await anyio.sleep(3600)  # the rest never comes
+        raise AssertionError("unreachable")
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/add-checkpoint",
+        "raw_path": b"/add-checkpoint",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-length", b"1000")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+
+    async def request() -> None:
+        with anyio.fail_after(5):  # never the hour the body would take
+            await app(scope, receive, send)
+
+    anyio.run(request)
+    assert sent[1]["status"] == 408
+    assert sent[2]["body"] == b"the body took more than 0.05 seconds\n"
+    assert witness.state.known(ORIGIN) is None
