@@ -27,6 +27,7 @@ from domain.errors import IntegrityFailure, InvalidInput, Stale
 from domain.notes import Checkpoint, SignerKey, WitnessKey, WitnessSigner
 from ledger.audit.cosign import Witness as CollectedWitness
 from ledger.client import CatalogClient
+from ledger.log.checkpoint_line import CheckpointLine
 from ledger.witness.app import create_app
 from ledger.witness.protocol import Witness
 from ledger.witness.state import WitnessState
@@ -293,3 +294,29 @@ def test_r29_collector_counts_no_replayed_stale_cosignature(log: CatalogLog) -> 
     assert keep(body, replayed, not_before=NOW - 3600) == []  # type: ignore[call-arg]
     fresh = [witness.cosign(body, NOW - 60)]
     assert keep(body, replayed + fresh, not_before=NOW - 3600) == fresh  # type: ignore[call-arg]
+
+
+def test_r29_a_checkpoint_note_with_two_bodies_is_no_checkpoint(log: CatalogLog) -> None:
+    """signed-note's text ends at the *last* blank line; Checkpoint.parse read up to the
+    first. A note "true body, blank line, fork body, blank line, signatures" was taken
+    as the true checkpoint by import (an export's checkpoint line) and by serve's check of
+    the stored row, though what it signs is the fork. Now it is no checkpoint at all."""
+    true, fork = log.checkpoint(3), Checkpoint(log.origin, 3, bytes(32))
+    note = log.log_key.sign(true.text() + "\n" + fork.text())
+    line = {
+        "checkpoint": 1,
+        "origin": true.origin,
+        "size": 3,
+        "root": base64.b64encode(true.root).decode(),
+        "note": note,
+        "stored_at_us": 1,
+    }
+    with pytest.raises(InvalidInput) as caught:
+        CheckpointLine.parse(line, line=7)
+    assert caught.value.details == {"field": "checkpoint.note", "line": 7}
+    with pytest.raises(InvalidInput):
+        Checkpoint.parse(note)
+    # The client refused it already (its cosignature check reads the last blank line).
+    with pytest.raises(IntegrityFailure) as refused:
+        verify_bundle(view(log), log.bundle(APP, note=note), log.policy(), None, NOW)
+    assert refused.value.details["reason"] == "malformed_proof"
