@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -125,9 +126,10 @@ class TrustPolicy:
             found.append(witness)
             urls.append(url)
         threshold = document.get("threshold")
-        if type(threshold) is not int or not 1 <= threshold <= len(found):
+        names = len({w.name for w in found})  # a witness pinned with two keys is one
+        if type(threshold) is not int or not 1 <= threshold <= names:
             raise InvalidInput(
-                f"threshold must be an integer from 1 to {len(found)} (the witnesses)",
+                f"threshold must be an integer from 1 to {names} (the witnesses)",
                 field="threshold",
             )
         max_age = document.get("max_age_seconds")
@@ -280,7 +282,8 @@ def verify_bundle(
         )
     # 6. Freshness: the k-th newest cosignature.
     served = times[policy.threshold - 1]
-    if now - served > policy.max_age_seconds:
+    # A clock that gives no time (NaN, an infinity) fails closed.
+    if not math.isfinite(now) or not now - served <= policy.max_age_seconds:
         raise Stale(
             f"the catalog checkpoint's cosignatures are too old: the {policy.threshold}"
             f"-th newest is from {_time(served)}, the policy accepts {policy.max_age_seconds}"
@@ -323,21 +326,26 @@ def _checkpoint(note: str, policy: TrustPolicy) -> Checkpoint:
 
 
 def _cosigned(note: str, policy: TrustPolicy) -> list[int]:
-    """Step 2. The newest valid cosignature time of each pinned witness that cosigned,
-    newest first; at least ``threshold`` of them (the policy pins each key once)."""
+    """Step 2. The newest valid cosignature time of each pinned witness (by name) that
+    cosigned, newest first; at least ``threshold`` of them (the policy pins each key once)."""
     try:
         valid = verify_cosignatures(note, policy.witnesses, field="$.proof.checkpoint")
     except InvalidInput as exc:
         raise _malformed(exc.message, "$.proof.checkpoint") from None
-    if len(valid) < policy.threshold:
+    # A witness is its name: one that the policy pins with two keys (its old and new
+    # key during a rotation) and that cosigned with both still counts once.
+    newest: dict[str, int] = {}
+    for witness, timestamp in valid.items():
+        newest[witness.name] = max(timestamp, newest.get(witness.name, 0))
+    if len(newest) < policy.threshold:
         raise IntegrityFailure(
-            f"{len(valid)} pinned witnesses cosigned the checkpoint, the policy needs "
+            f"{len(newest)} pinned witnesses cosigned the checkpoint, the policy needs "
             f"{policy.threshold}",
             reason="too_few_cosignatures",
-            cosigned=len(valid),
+            cosigned=len(newest),
             threshold=policy.threshold,
         )
-    return sorted(valid.values(), reverse=True)
+    return sorted(newest.values(), reverse=True)
 
 
 def _revision_event(event: Mapping[str, Any], revision: int) -> tuple[bytes, bytes]:
@@ -465,4 +473,7 @@ def _malformed(message: str, field: str) -> IntegrityFailure:
 
 
 def _time(posix: float) -> str:
-    return datetime.fromtimestamp(posix, UTC).isoformat().replace("+00:00", "Z")
+    try:
+        return datetime.fromtimestamp(posix, UTC).isoformat().replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):  # not a time a clock gives
+        return repr(posix)

@@ -55,7 +55,11 @@ class Checkpoint:
     @classmethod
     def parse(cls, note: str, *, field: str = "checkpoint") -> Checkpoint:
         """The checkpoint in a (possibly signed) note; signatures are not checked here."""
-        body = note.split("\n\n", 1)[0]
+        body, _, signatures = note.partition("\n\n")
+        if "\n\n" in signatures:
+            # signed-note: the text ends at the *last* blank line, and a checkpoint's text
+            # has none: two bodies are no checkpoint (the first may not be what is signed).
+            raise InvalidInput(f"{field} has a blank line in its text", field=field)
         lines = body.split("\n")
         size = lines[1] if len(lines) > 1 else ""
         # ASCII digits only (int() refuses '²'), and few enough for a 64-bit tree size.

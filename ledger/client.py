@@ -33,23 +33,24 @@ covers every audience's view, so a client that sees only its own cannot recomput
 recomputes every digest is honest.
 
 **With a trust policy** (``trust=``, R29: the catalog log's origin, the log's keys, the
-witnesses' keys, a threshold k and a maximum age; ``load_trust`` reads one from a
-file), ``view()`` asks for a proof bundle (``?proof=1&since_size=<accepted size>``)
-and, after the checks above, verifies it offline (``domain.bundle.verify_bundle``): the
-view's digest is its audience's leaf of the revision's audience map, that revision is
-the last leaf of the catalog log, whose checkpoint the log signed and k pinned
-witnesses cosigned within the maximum age, and which extends, by a consistency proof,
-the largest one this client accepted. Only then is the view kept and returned, and
-that checkpoint's ``(size, root, revision)`` kept (``accepted``) — in memory and, with
-``state_file=``, in a file written atomically, read back by the next client (a file
-that does not parse is INTEGRITY, never a fresh start). A forged or re-digested view,
-another audience's, a bad signature, too few cosignatures or an inconsistent tree is
-``IntegrityFailure``; a head older than the one accepted (a lagging replica, a
-rollback: such a server proves its smaller head and gives no consistency proof)
-or cosigned longer ago than the maximum age (a frozen head) is ``Stale``.
-Either way nothing is kept for that audience and the accepted state does not move. What
-remains on the server's word is ``content_digest`` (it covers every audience's view) and
-``head()`` (not proven: a runtime relies on its own view's revision).
+witnesses' keys, a threshold k and a maximum age; ``load_trust`` reads one from a file),
+``view()`` asks for a proof bundle (``?proof=1&since_size=<accepted size>``) and, after
+the checks above, verifies it offline (``domain.bundle.verify_bundle``): the view's
+digest is its audience's leaf of the revision's audience map, that revision is the last
+leaf of the catalog log, whose checkpoint the log signed and k pinned witnesses cosigned
+within the maximum age, and which extends, by a consistency proof, the largest one this
+client accepted. Only then is the view kept and returned, and that checkpoint's
+``(size, root, revision)`` kept (``accepted``) — in memory and, with ``state_file=``, in
+a file written atomically, re-read under a lock by every proven read of the clients
+sharing it (never an older head written back); one that does not parse is INTEGRITY,
+never a fresh start. A forged or re-digested view, another audience's, a bad signature,
+too few cosignatures or an inconsistent tree is ``IntegrityFailure``; a head older than
+the one accepted (a lagging replica, a rollback: such a server proves its smaller head
+and gives no consistency proof) or cosigned longer ago than the maximum age (a frozen
+head) is ``Stale``. Either way nothing is kept for that audience and the accepted state
+does not move. What remains on the server's word is ``content_digest`` (it covers every
+audience's view) and ``head()`` (not proven: a runtime relies on its own view's
+revision).
 
 - **ETag cache**: the last verified view of each audience is kept with its weak ETag
   and sent back as ``If-None-Match``; a 304 answers with the kept view. (A proven read
@@ -73,6 +74,7 @@ remains on the server's word is ``content_digest`` (it covers every audience's v
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import re
@@ -81,6 +83,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from types import TracebackType
@@ -243,7 +246,11 @@ class CatalogClient:
         Proven reads run one at a time: each must extend the state the last one kept."""
         if self.trust is None or wait is not None:
             return self._fetch(audience, min_revision=min_revision, wait=wait, prove=False)
-        with self._state_lock:
+        shared = _locked(self._state_file) if self._state_file is not None else nullcontext()
+        with self._state_lock, shared:
+            kept, on_file = self._accepted, _read_state(self._state_file, self.trust)
+            if on_file is not None and (kept is None or on_file.size >= kept.size):
+                self._accepted = on_file
             return self._fetch(audience, min_revision=min_revision, wait=None, prove=True)
 
     def _fetch(
@@ -551,6 +558,20 @@ def _read_state(path: Path | None, trust: TrustPolicy) -> Accepted | None:
         return Accepted.from_json(document, trust.origin)
     except IntegrityFailure as exc:
         raise IntegrityFailure(f"{path}: {exc.message}", **exc.details) from None
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One proven read at a time among the processes sharing ``path`` (on its directory)."""
+    try:
+        directory = os.open(path.parent, os.O_RDONLY)
+    except OSError as exc:
+        raise Unavailable(f"cannot lock the client state {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(directory)  # closing releases the lock
 
 
 def _write_state(path: Path, trust: TrustPolicy, state: Accepted) -> None:

@@ -62,18 +62,21 @@ class Witness:
         return self.key.name
 
     def valid_lines(self, body: str, lines: Sequence[str]) -> list[str]:
-        """The ``cosignature/v1`` lines among ``lines`` by this witness's key that verify
-        over the checkpoint ``body`` (tlog-cosignature); any other line is dropped."""
-        found: list[str] = []
+        """The newest ``cosignature/v1`` line among ``lines`` by this witness's key that
+        verifies over the checkpoint ``body`` (tlog-cosignature), or none; any other line
+        is dropped. One line at most: a witness answering many valid lines must not
+        push the stored note past what clients read (signed-note: 100 signatures)."""
+        newest: tuple[int, str] | None = None
         for line in lines:
             try:
                 signature = NoteSignature.parse_line(line, field="cosignature")
                 if self.key.signed(signature):
-                    self.key.verify(body, signature)
-                    found.append(signature.line())
+                    timestamp = self.key.verify(body, signature)
+                    if newest is None or timestamp > newest[0]:
+                        newest = (timestamp, signature.line())
             except (InvalidInput, IntegrityFailure):
                 continue
-        return found
+        return [] if newest is None else [newest[1]]
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,8 @@ def cosign(
         cosigned.append(witness.name)
         lines.extend(valid)
     root = base64.b64encode(checkpoint.root).decode()
-    if len(cosigned) < policy.threshold:
+    # A witness is its name: one pinned with its old and new key counts once.
+    if len(set(cosigned)) < policy.threshold:
         LOG.error(
             "catalog checkpoint not cosigned: fewer witnesses than the threshold answered; "
             "clients go STALE once the stored cosignatures pass their maximum age",

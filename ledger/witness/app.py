@@ -2,12 +2,14 @@
 
 ``POST /add-checkpoint`` and ``GET /<origin hash>/checkpoint`` (``ledger.witness.
 protocol``); anything else is 404 (405 for another method on those paths). Bodies are
-read up to ``MAX_BODY`` (413 past it), and the SQLite work runs in the thread pool so
-a slow disk does not stall other connections.
+read up to ``MAX_BODY`` (413 past it) within ``BODY_SECONDS`` (408 past it: a client
+sending a byte now and then does not hold a request open), and the SQLite work runs in
+the thread pool so a slow disk does not stall other connections.
 """
 
 from __future__ import annotations
 
+import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -15,6 +17,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ledger.witness.protocol import MAX_BODY, Answer, Witness
+
+#: Longest time a request body may take to arrive (a body of at most 64 KiB).
+BODY_SECONDS = 10.0
 
 
 def _response(answer: Answer) -> Response:
@@ -25,16 +30,19 @@ def _response(answer: Answer) -> Response:
     )
 
 
-def create_app(witness: Witness) -> Starlette:
+def create_app(witness: Witness, *, body_seconds: float = BODY_SECONDS) -> Starlette:
     async def add_checkpoint(request: Request) -> Response:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BODY:
             return _response(Answer(413, f"the body is larger than {MAX_BODY} bytes\n"))
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_BODY:
-                return _response(Answer(413, f"the body is larger than {MAX_BODY} bytes\n"))
+        with anyio.move_on_after(body_seconds) as reading:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_BODY:
+                    return _response(Answer(413, f"the body is larger than {MAX_BODY} bytes\n"))
+        if reading.cancelled_caught:  # a slow-loris body does not hold the witness
+            return _response(Answer(408, f"the body took more than {body_seconds:g} seconds\n"))
         return _response(await run_in_threadpool(witness.add_checkpoint, bytes(body)))
 
     async def checkpoint(request: Request) -> Response:

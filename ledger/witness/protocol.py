@@ -53,6 +53,7 @@ MAX_BODY = 64 * 1024
 MAX_PROOF_LINES = 63
 SIZE_CONTENT_TYPE = "text/x.tlog.size"
 _TEXT = "text/plain; charset=utf-8"
+_MAX_SIZE = 2**63 - 1
 _OLD = re.compile(r"old (0|[1-9][0-9]{0,19})")
 _log = get_logger("witness")
 
@@ -104,6 +105,13 @@ def parse_add_checkpoint(body: bytes) -> AddCheckpoint:
     if body_lines[1] != str(checkpoint.size) or "" in body_lines[:-1]:
         raise InvalidInput(
             "the checkpoint's size has leading zeroes, or it has an empty line",
+            field="checkpoint",
+        )
+    if checkpoint.size > _MAX_SIZE:
+        # The state file keeps sizes as SQLite integers (signed 64-bit): refused here,
+        # not a crash on the write after the log's signature was checked.
+        raise InvalidInput(
+            f"the checkpoint's size is past {_MAX_SIZE}, more than this witness keeps",
             field="checkpoint",
         )
     return AddCheckpoint(int(old.group(1)), tuple(proof), note, checkpoint)

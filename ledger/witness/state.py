@@ -106,6 +106,9 @@ class WitnessState:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        #: What this process last cosigned per origin: the file must never go back from
+        #: it (a file edited, or replaced by an older copy, under a running witness).
+        self._cosigned: dict[str, tuple[int, bytes]] = {}
         with self._connect() as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version not in (0, SCHEMA_VERSION):
@@ -169,6 +172,7 @@ class WitnessState:
                     (checkpoint.origin,),
                 ).fetchone()
                 known = None if row is None else Known(*row)
+                self._check_not_rewound(checkpoint.origin, known)
                 if old_size != (known.size if known else 0):
                     raise SizeMismatch(known.size if known else 0)
                 if size == 0 and root != merkle.EMPTY_ROOT:
@@ -202,7 +206,24 @@ class WitnessState:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+        self._cosigned[checkpoint.origin] = (size, root)
         return Cosigned(line, timestamp)
+
+    def _check_not_rewound(self, origin: str, known: Known | None) -> None:
+        """UNAVAILABLE when the file holds less than this process cosigned for ``origin``:
+        a smaller size, another root at that size, or no row. (Other processes sharing
+        the file only ever move it forward.)"""
+        mine = self._cosigned.get(origin)
+        if mine is None:
+            return
+        size, root = mine
+        if known is None or known.size < size or (known.size == size and known.root != root):
+            found = "no tree" if known is None else f"size {known.size}"
+            raise Unavailable(
+                f"the witness file {self.path} holds {found} for {origin}, less than this "
+                f"witness cosigned (size {size}): it was edited or replaced; refusing to "
+                "cosign until an operator looks"
+            )
 
     def _check_extends(
         self,

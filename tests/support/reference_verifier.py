@@ -568,6 +568,13 @@ def verify_bundle(
             if len(signature) != 76 or stamp > INT_MAX or not key.verifies(signature[12:], message):
                 raise BundleRejected("bad_cosignature", f"by the pinned witness {name}")
             times[key.raw] = max(times.get(key.raw, stamp), stamp)
+    # ... and one witness is one name too: a witness pinned with its old and new key
+    # (a rotation) that cosigned with both counts once.
+    by_name: dict[str, int] = {}
+    for key in witnesses:
+        if key.raw in times:
+            by_name[key.name] = max(by_name.get(key.name, 0), times.pop(key.raw))
+    times = {name.encode(): stamp for name, stamp in by_name.items()}
     if len(times) < threshold:
         raise BundleRejected("too_few_cosignatures", f"{len(times)} of {threshold} required")
     # 3. the revision event
