@@ -388,13 +388,16 @@ def cosign_command(sign: Path, policy: Path, as_json: bool) -> None:
     """Sign the catalog log's checkpoint, submit it to the policy's witnesses (C2SP
     tlog-witness) and store it with their cosignatures when at least the threshold
     cosigned; otherwise store nothing and exit UNAVAILABLE naming the witnesses that
-    failed. Run it more often than the clients' max_age_seconds (R29)."""
+    failed. Then the same for the main log's checkpoint (it covers the log's key
+    rotations, which runtimes learn from it). Run it more often than the clients'
+    max_age_seconds (R29)."""
     document = store().cosign(sign=sign, policy=policy)
     emit(
         as_json,
         document,
         lambda: click.echo(
             f"cosigned size {document['size']} by {len(document['cosigned'])} witnesses "
-            f"({', '.join(document['cosigned'])})"
+            f"({', '.join(document['cosigned'])}); the main log's size "
+            f"{document['main']['size']} by {len(document['main']['cosigned'])}"
         ),
     )
