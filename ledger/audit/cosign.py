@@ -132,14 +132,16 @@ class CosignResult(LogCosigned):
     main: LogCosigned
 
 
-def check_policy(policy: CosignPolicy, origin: str, signer: SignerKey) -> None:
-    """The policy is this log's and pins the signing key: INVALID naming the field."""
+def check_policy(
+    policy: CosignPolicy, origin: str, signer: SignerKey, also: Sequence[SignerKey] = ()
+) -> None:
+    """The policy is this log's and pins each signing key: INVALID naming the field."""
     if policy.origin != origin:
         raise InvalidInput(
             f"the policy's origin is {policy.origin!r}, this store's catalog log is {origin!r}",
             field="origin",
         )
-    if signer.verifier not in policy.log_keys:
+    if any(s.verifier not in policy.log_keys for s in (signer, *also)):
         raise InvalidInput(
             "the signing key is not one of the policy's log_keys: clients would refuse its "
             "signature",
@@ -155,18 +157,23 @@ def cosign(
     policy: CosignPolicy,
     add_checkpoint: AddCheckpoint,
     clock: Callable[[], float] = time.time,
+    also: Sequence[SignerKey] = (),
 ) -> CosignResult:
     """One collector run (module docstring): the catalog log's checkpoint, then the main
     log's (``main``: the note that covers the log's key rotations, LOG-FORMAT "Key
     rotation"). Each is stored once ``threshold`` witnesses cosigned it; the catalog's
-    is stored even when the main log's then falls short (UNAVAILABLE naming it)."""
-    check_policy(policy, origin, signer)
+    is stored even when the main log's then falls short (UNAVAILABLE naming it). The
+    keys ``also`` sign each note too: during a key rotation's overlap the old and the new
+    key both sign, so that clients that pin either accept it (README, "Keys and disaster
+    recovery")."""
+    check_policy(policy, origin, signer, also)
+    signers = (signer, *also)
     log = CatalogLog(ledger.db)
     with ledger.db.read() as conn:
         log.refresh(conn)
         previous = stored_checkpoint(conn, origin)
     result = _cosign_one(
-        ledger, log.checkpoint(origin), previous, log.consistency, signer, policy,
+        ledger, log.checkpoint(origin), previous, log.consistency, signers, policy,
         add_checkpoint, clock, what="catalog",
     )  # fmt: skip
     main = main_origin(origin)
@@ -180,7 +187,7 @@ def cosign(
         return consistency_proof_from(tree.node, old, new)
 
     second = _cosign_one(
-        ledger, checkpoint, kept, consistency, signer, policy, add_checkpoint, clock,
+        ledger, checkpoint, kept, consistency, signers, policy, add_checkpoint, clock,
         what="main",
     )  # fmt: skip
     tree.flush()
@@ -202,7 +209,7 @@ def _cosign_one(
     checkpoint: Checkpoint,
     previous: StoredCheckpoint | None,
     consistency: Callable[[int, int], list[bytes]],
-    signer: SignerKey,
+    signers: Sequence[SignerKey],
     policy: CosignPolicy,
     add_checkpoint: AddCheckpoint,
     clock: Callable[[], float],
@@ -212,7 +219,9 @@ def _cosign_one(
     """Sign ``checkpoint``, have the witnesses cosign it, store it (or UNAVAILABLE)."""
     origin, size = checkpoint.origin, checkpoint.size
     body = checkpoint.text()
-    signed = signer.sign(body)
+    signed = signers[0].sign(body)
+    for other in signers[1:]:  # one signature line each (signed-note: several signers)
+        signed = add_cosignatures(signed, [other.sign(body).rpartition("\n\n")[2]])
     known = previous.size if previous is not None and 0 < previous.size <= size else 0
     lines: list[str] = []
     cosigned: list[str] = []
