@@ -268,9 +268,10 @@ def learn_rotations(
     cosigned by at least ``threshold`` distinct pinned ``witnesses`` (``bad_cosignature``,
     ``too_few_cosignatures``): the witnesses then vouch that every client is shown these
     rotations. Each event must be in that tree (``rotation_in_log``: ``not_a_rotation``,
-    ``bad_inclusion``); a rotation whose new key is pinned already is skipped (learned
-    before, or pinned out of band), any other is ``apply_rotation``'s to apply (its old
-    key pinned and valid, its overlap not over: ``not_pinned``, ``expired``, ...). A body
+    ``bad_inclusion``); a rotation whose new key is pinned already (learned before, or
+    pinned out of band) only bounds its old key by ``until`` if it was not already; any
+    other is ``apply_rotation``'s to apply (its old key pinned and valid, its overlap not
+    over: ``not_pinned``, ``expired``, ...). A body
     not shaped like one is INTEGRITY ``malformed_rotations`` naming the JSON path."""
     keys = tuple(k if isinstance(k, PinnedKey) else PinnedKey(k) for k in pinned)
     note, events = _parse_rotations(document)
@@ -304,13 +305,33 @@ def learn_rotations(
     for event, leaf_index, proof in events:
         statement = rotation_in_log(event, leaf_index, proof, checkpoint)
         try:
-            new = Rotation.parse(statement).new
+            rotation = Rotation.parse(statement)
         except InvalidInput as exc:
             raise IntegrityFailure(exc.message, reason="malformed_rotation") from None
-        if any(k.key.public == new.public for k in keys):
+        if any(k.key.public == rotation.new.public for k in keys):
+            keys = _bound(keys, rotation, statement)
             continue
         keys = apply_rotation(keys, statement, origin=origin, now=now)
     return keys
+
+
+def _bound(
+    keys: tuple[PinnedKey, ...], rotation: Rotation, statement: str
+) -> tuple[PinnedKey, ...]:
+    """A rotation whose new key is pinned already (learned before, or pinned by a new
+    policy): its old key, if pinned with a later end or none, ends at ``until`` (the
+    statement signed by that key: it only ever narrows what is trusted)."""
+    found = [
+        k
+        for k in keys
+        if k.key.public == rotation.old.public
+        and k.key.name == rotation.old.name
+        and (k.until is None or k.until > rotation.until)
+    ]
+    if not found:
+        return keys
+    check_signature(found[0].key, statement)
+    return tuple(PinnedKey(k.key, rotation.until) if k in found else k for k in keys)
 
 
 _Event = tuple[StoredRotation, int, list[bytes]]
