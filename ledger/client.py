@@ -49,10 +49,11 @@ rollback: such a server proves its smaller head and gives no consistency proof)
 or cosigned longer ago than the maximum age (a frozen head) is ``Stale``.
 Either way nothing is kept for that audience and the accepted state does not move.
 **Key rotation** (R29): the log keys pinned are the policy's, amended by the rotations
-learned from the log (``refresh_keys``, or by itself when a checkpoint carries no signature
-by a key pinned now): ``GET /v1/log/rotations``, each rotation proven in the main log under
-a checkpoint k witnesses cosigned (``ledger.client_keys``); learned keys are kept in the
-state file. After a rotation's overlap, the old key's signature alone is refused. What
+learned from the log (``refresh_keys``; by itself when a checkpoint is also signed by a log
+key it does not pin, best effort, or carries no signature by a key pinned now):
+``GET /v1/log/rotations``, each rotation proven in the main log under a checkpoint k
+witnesses cosigned (``ledger.client_keys``); learned keys are kept in the state file.
+After a rotation's overlap, the old key's signature alone is refused. What
 remains on the server's word is ``content_digest`` (it covers every audience's view) and
 ``head()`` (not proven: a runtime relies on its own view's revision).
 

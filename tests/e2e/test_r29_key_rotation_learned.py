@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -124,6 +125,15 @@ def test_r29_a_client_pinned_to_the_old_key_learns_the_rotation_and_reads_the_ne
         assert client.log_keys == (PinnedKey(rotating.old.verifier),)
         assert client.refresh_keys() == (PinnedKey(rotating.old.verifier),)  # none yet
     rotating.rotate()
+    # Not covered by a stored main-log note yet: 503 checkpoint_pending; a credential is
+    # needed as for any runtime read (R26).
+    route = f"{rotating.server.base}/v1/log/rotations"
+    assert httpx.get(route).status_code == 401
+    pending = httpx.get(route, headers={"Authorization": f"Bearer {rotating.token}"})
+    assert (pending.status_code, pending.json()["details"]["reason"]) == (
+        503,
+        "checkpoint_pending",
+    )
     rotating.now[0] += 60
     # During the overlap both keys sign; a client that sees the new key's line learns the
     # rotation from the log at once (the main-log note is signed by the key it pins).
