@@ -57,8 +57,10 @@ class FakeWitness:
         (self.calls if catalog else self.other_calls).append(old)
         if self.down or cp.origin in self.down_for:
             raise Unavailable(f"{self.name} does not answer")
-        size, root = (self.size, self.root) if catalog else self.others.get(
-            cp.origin, (0, merkle.EMPTY_ROOT)
+        size, root = (
+            (self.size, self.root)
+            if catalog
+            else self.others.get(cp.origin, (0, merkle.EMPTY_ROOT))
         )
         if old != size:
             raise Conflict(f"{self.name} knows size {size}", known_size=size)
