@@ -29,13 +29,10 @@ from typing import Any
 
 import orjson
 
-from domain.bundle import STATE_FORMAT, Accepted, TrustPolicy
+from domain.bundle import STATE_FORMAT, Accepted, TrustPolicy, main_log_origin
 from domain.errors import IntegrityFailure, InvalidInput, Unavailable
 from domain.key_rotation import PinnedKey, learn_rotations
 from domain.notes import SignedNote, VerifierKey, key_id
-
-#: The catalog log's origin is the main log's followed by this (LOG-FORMAT "Catalog log").
-CATALOG_SUFFIX = "/catalog"
 
 
 def load_trust(path: str | Path) -> TrustPolicy:
@@ -50,17 +47,6 @@ def load_trust(path: str | Path) -> TrustPolicy:
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"the trust policy {path} is not JSON: {exc}", field="$") from None
     return TrustPolicy.parse(document)
-
-
-def main_origin(trust: TrustPolicy) -> str:
-    """The main log's origin: the policy's (the catalog log's) without ``/catalog``."""
-    if not trust.origin.endswith(CATALOG_SUFFIX) or trust.origin == CATALOG_SUFFIX:
-        raise InvalidInput(
-            f"the policy's origin {trust.origin!r} is not a catalog log's (…{CATALOG_SUFFIX}):"
-            " no main log to learn key rotations from",
-            field="origin",
-        )
-    return trust.origin.removesuffix(CATALOG_SUFFIX)
 
 
 class KeyRing:
@@ -100,7 +86,7 @@ class KeyRing:
         found = learn_rotations(
             self.keys,
             document,
-            origin=main_origin(self.trust),
+            origin=main_log_origin(self.trust.origin),
             witnesses=self.trust.witnesses,
             threshold=self.trust.threshold,
             now=int(now),

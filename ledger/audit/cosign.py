@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from domain.bundle import TrustPolicy
+from domain.bundle import TrustPolicy, main_log_origin
 from domain.errors import Conflict, IntegrityFailure, InvalidInput, LedgerError, Unavailable
 from domain.merkle import EMPTY_ROOT, consistency_proof_from
 from domain.notes import (
@@ -51,7 +51,6 @@ from domain.notes import (
 )
 from ledger.audit.proofs import MerkleLog
 from ledger.store.catalog_log import (
-    ORIGIN_SUFFIX,
     CatalogLog,
     StoredCheckpoint,
     store_checkpoint,
@@ -176,7 +175,7 @@ def cosign(
         ledger, log.checkpoint(origin), previous, log.consistency, signers, policy,
         add_checkpoint, clock, what="catalog",
     )  # fmt: skip
-    main = main_origin(origin)
+    main = main_log_origin(origin)
     tree = MerkleLog(ledger)
     main_size = tree.size()
     with ledger.db.read() as conn:
@@ -192,16 +191,6 @@ def cosign(
     )  # fmt: skip
     tree.flush()
     return {**result, "main": second}
-
-
-def main_origin(catalog: str) -> str:
-    """The main log's origin from the catalog log's (LOG-FORMAT "Catalog log")."""
-    if not catalog.endswith(ORIGIN_SUFFIX) or catalog == ORIGIN_SUFFIX:
-        raise InvalidInput(
-            f"the catalog log's origin {catalog!r} does not end with {ORIGIN_SUFFIX!r}",
-            field="origin",
-        )
-    return catalog.removesuffix(ORIGIN_SUFFIX)
 
 
 def _cosign_one(

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from domain import merkle
+from domain.bundle import TrustPolicy
 from domain.digests import event_id
 from domain.errors import IntegrityFailure
 from domain.key_rotation import PinnedKey, Rotation, learn_rotations, rotation_statement
 from domain.log_identity import log_identity_id
-from domain.notes import Checkpoint, SignerKey, WitnessSigner, add_cosignatures
+from domain.notes import Checkpoint, SignerKey, WitnessSigner, add_cosignatures, key_id
+from ledger.client_keys import read_state, state_document, write_state
 
 MAIN = "catalog-ledger/00112233445566778899aabbccddeeff"
 NOW = 1_800_000_000
@@ -129,3 +133,46 @@ def test_r29_a_rotations_body_not_shaped_like_one_names_the_json_path() -> None:
         "field": "$.rotations[0]",
     }
     assert _reason({**good, "checkpoint": None})["field"] == "$.checkpoint"
+
+
+# -- the client's key ring and its state file (ledger.client_keys) -----------------------
+
+
+def _policy() -> TrustPolicy:
+    return TrustPolicy.parse(
+        {
+            "origin": MAIN + "/catalog",
+            "log_keys": [OLD.verifier.text()],
+            "witnesses": [{"key": w.verifier.text()} for w in WITNESSES],
+            "threshold": 2,
+            "max_age_seconds": 3600,
+        }
+    )
+
+
+def test_r29_learned_keys_survive_a_restart_and_bound_what_a_bundle_may_be_signed_by(
+    tmp_path: Path,
+) -> None:
+    policy, path = _policy(), tmp_path / "state.json"
+    accepted, ring = read_state(path, policy)
+    assert (accepted, ring.keys) == (None, (PinnedKey(OLD.verifier),))
+    assert ring.learn(_document(), NOW) is True
+    assert ring.learn(_document(), NOW) is False  # nothing new
+    write_state(path, state_document(policy, None, ring))  # learned before any bundle
+    accepted, again = read_state(path, policy)
+    assert accepted is None and again.keys == ring.keys
+    assert again.policy(NOW).log_keys == (OLD.verifier, NEW.verifier)
+    assert again.policy(NOW + 61).log_keys == (NEW.verifier,)  # the overlap is over
+    # A new key in a signature line of a bundle's checkpoint is a hint; a witness's not.
+    body = Checkpoint(MAIN + "/catalog", 1, bytes(32)).text()
+    note = add_cosignatures(OTHER.sign(body), [WITNESSES[0].cosign(body, NOW)])
+    assert again.unknown_signers({"checkpoint": note}) == {
+        (OTHER.name, key_id(OTHER.name, OTHER.verifier.public))
+    }
+    # A kept key that does not parse is INTEGRITY bad_state naming it, never a fresh start.
+    document = orjson.loads(path.read_bytes())
+    document["log_keys"][1]["until"] = "soon"
+    path.write_bytes(orjson.dumps(document))
+    with pytest.raises(IntegrityFailure) as bad:
+        read_state(path, policy)
+    assert bad.value.details == {"reason": "bad_state", "field": "log_keys[1]"}
