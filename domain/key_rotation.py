@@ -19,9 +19,11 @@ set. Pure: no I/O, no clock (``now`` is an argument).
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from uuid import UUID
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -30,7 +32,15 @@ from domain import merkle
 from domain.digests import event_id
 from domain.errors import IntegrityFailure, InvalidInput
 from domain.log_identity import check_origin, log_identity_id
-from domain.notes import Checkpoint, SignerKey, VerifierKey, key_id
+from domain.notes import (
+    Checkpoint,
+    SignerKey,
+    VerifierKey,
+    WitnessKey,
+    key_id,
+    verify_cosignatures,
+    verify_log_signatures,
+)
 
 #: The first line of a rotation statement's body (its format and version).
 ROTATION_HEADER = "catalog-ledger key rotation v1"
@@ -234,3 +244,150 @@ def rotation_in_log(
             reason="bad_inclusion",
         ) from None
     return str(state["statement"])
+
+
+# -- learning rotations from the log (GET /v1/log/rotations) ---------------------------
+
+
+def learn_rotations(
+    pinned: Iterable[VerifierKey | PinnedKey],
+    document: object,
+    *,
+    origin: str,
+    witnesses: Iterable[WitnessKey],
+    threshold: int,
+    now: int,
+) -> tuple[PinnedKey, ...]:
+    """The key set after the rotations of ``document`` (the body of ``GET
+    /v1/log/rotations``: the stored cosigned main-log note and each ``log_key.rotated``
+    event as stored, with its inclusion proof under that note), or INTEGRITY (nothing
+    changes).
+
+    In order: the note is a checkpoint of the main log ``origin`` (``wrong_origin``),
+    signed by a pinned key valid at ``now`` (``bad_signature``, ``no_signature``) and
+    cosigned by at least ``threshold`` distinct pinned ``witnesses`` (``bad_cosignature``,
+    ``too_few_cosignatures``): the witnesses then vouch that every client is shown these
+    rotations. Each event must be in that tree (``rotation_in_log``: ``not_a_rotation``,
+    ``bad_inclusion``); a rotation whose new key is pinned already (learned before, or
+    pinned out of band) only bounds its old key by ``until`` if it was not already; any
+    other is ``apply_rotation``'s to apply (its old key pinned and valid, its overlap not
+    over: ``not_pinned``, ``expired``, ...). A body
+    not shaped like one is INTEGRITY ``malformed_rotations`` naming the JSON path."""
+    keys = tuple(k if isinstance(k, PinnedKey) else PinnedKey(k) for k in pinned)
+    note, events = _parse_rotations(document)
+    if not events:
+        return keys
+    assert note is not None
+    try:
+        checkpoint = Checkpoint.parse(note.partition("\n\n")[0] + "\n", field="$.checkpoint")
+    except InvalidInput as exc:
+        raise _malformed(exc.message, "$.checkpoint") from None
+    if checkpoint.origin != origin:
+        raise IntegrityFailure(
+            f"the main-log checkpoint's origin is {checkpoint.origin!r}, not {origin!r}",
+            reason="wrong_origin",
+            origin=checkpoint.origin,
+        )
+    valid_keys = [k.key for k in keys if k.valid_at(now)]
+    try:
+        verify_log_signatures(note, valid_keys, field="$.checkpoint")
+        cosigned = verify_cosignatures(note, witnesses, field="$.checkpoint")
+    except InvalidInput as exc:
+        raise _malformed(exc.message, "$.checkpoint") from None
+    if len(cosigned) < threshold:
+        raise IntegrityFailure(
+            f"{len(cosigned)} pinned witnesses cosigned the main-log checkpoint that covers "
+            f"the key rotations, the policy needs {threshold}",
+            reason="too_few_cosignatures",
+            cosigned=len(cosigned),
+            threshold=threshold,
+        )
+    for event, leaf_index, proof in events:
+        statement = rotation_in_log(event, leaf_index, proof, checkpoint)
+        try:
+            rotation = Rotation.parse(statement)
+        except InvalidInput as exc:
+            raise IntegrityFailure(exc.message, reason="malformed_rotation") from None
+        if any(k.key.public == rotation.new.public for k in keys):
+            keys = _bound(keys, rotation, statement)
+            continue
+        keys = apply_rotation(keys, statement, origin=origin, now=now)
+    return keys
+
+
+def _bound(
+    keys: tuple[PinnedKey, ...], rotation: Rotation, statement: str
+) -> tuple[PinnedKey, ...]:
+    """A rotation whose new key is pinned already (learned before, or pinned by a new
+    policy): its old key, if pinned with a later end or none, ends at ``until`` (the
+    statement signed by that key: it only ever narrows what is trusted)."""
+    found = [
+        k
+        for k in keys
+        if k.key.public == rotation.old.public
+        and k.key.name == rotation.old.name
+        and (k.until is None or k.until > rotation.until)
+    ]
+    if not found:
+        return keys
+    check_signature(found[0].key, statement)
+    return tuple(PinnedKey(k.key, rotation.until) if k in found else k for k in keys)
+
+
+_Event = tuple[StoredRotation, int, list[bytes]]
+
+
+def _parse_rotations(document: object) -> tuple[str | None, list[_Event]]:
+    if not isinstance(document, dict) or document.get("format") != 1:
+        raise _malformed("not a key rotations document of format 1", "$")
+    note, items = document.get("checkpoint"), document.get("rotations")
+    if not isinstance(items, list):
+        raise _malformed("not a list", "$.rotations")
+    if items and not isinstance(note, str):
+        raise _malformed("not a checkpoint note", "$.checkpoint")
+    events: list[_Event] = []
+    for n, item in enumerate(items):
+        at = f"$.rotations[{n}]"
+        event = item.get("event") if isinstance(item, dict) else None
+        if not isinstance(event, dict):
+            raise _malformed("has no event", f"{at}.event")
+        assert isinstance(item, dict)
+        leaf, version = item.get("leaf_index"), event.get("version")
+        topic, state = event.get("topic"), event.get("state_b64")
+        aggregate = event.get("aggregate_id")
+        proof = item.get("inclusion")
+        try:
+            ok = (
+                type(leaf) is int
+                and leaf >= 0
+                and type(version) is int
+                and 1 <= version < 1 << 63
+                and isinstance(topic, str)
+                and isinstance(aggregate, str)
+                and isinstance(proof, list)
+                and len(proof) <= 64
+            )
+            if not ok:
+                raise ValueError("wrong types")
+            assert isinstance(state, str) and isinstance(proof, list)
+            hashes = [base64.b64decode(p, validate=True) for p in proof]
+            if any(len(h) != 32 for h in hashes):
+                raise ValueError("not 32-byte hashes")
+            stored = StoredRotation(
+                UUID(str(aggregate)).bytes,
+                int(str(version)),
+                str(topic).encode("utf-8", "surrogateescape"),
+                base64.b64decode(state, validate=True),
+            )
+        except (ValueError, TypeError, AssertionError, binascii.Error):
+            raise _malformed("is not a stored event with its inclusion proof", at) from None
+        events.append((stored, int(str(leaf)), hashes))
+    return (note if isinstance(note, str) else None), events
+
+
+def _malformed(message: str, field: str) -> IntegrityFailure:
+    return IntegrityFailure(
+        f"the key rotations are malformed: {field}: {message}",
+        reason="malformed_rotations",
+        field=field,
+    )

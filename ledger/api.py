@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, TextIO, overload
+from typing import IO, TYPE_CHECKING, Any, TextIO, overload
 
 from domain.coordination import DEFAULT_LEASE_TTL
 from domain.served import AudienceView
@@ -457,15 +457,14 @@ class Store:
     def cosign(
         self,
         *,
-        sign: Path,
+        sign: Path | Sequence[Path],
         policy: Path,
         add_checkpoint: AddCheckpoint | None = None,
         clock: Callable[[], float] | None = None,
     ) -> CosignResult:
-        """Sign the catalog log's checkpoint, have the policy's witnesses cosign it and
-        store it when ``threshold`` did (``ledger.audit.cosign``); else UNAVAILABLE. The
-        witnesses are reached with C2SP tlog-witness (``ledger.witness.submit``) unless
-        ``add_checkpoint`` is given."""
+        """Have the catalog log's, then the main log's checkpoint signed, cosigned by the
+        policy's witnesses (C2SP tlog-witness, or ``add_checkpoint``) and stored
+        (``ledger.audit.cosign``); UNAVAILABLE for one ``threshold`` did not cosign."""
         import time
 
         from ledger.audit import operations as audit_operations
@@ -477,12 +476,9 @@ class Store:
                 return submit(url, note, old, proof)
 
         return audit_operations.cosign(
-            self.ledger,
-            sign=sign,
-            policy=policy,
-            add_checkpoint=add_checkpoint,
+            self.ledger, sign=sign, policy=policy, add_checkpoint=add_checkpoint,
             clock=clock or time.time,
-        )
+        )  # fmt: skip
 
     def origin(
         self, *, name: bool = False, origin: str | None = None, new: bool = False
@@ -589,6 +585,13 @@ def catalog_origin(ledger: Ledger) -> str:
     from ledger.store.catalog_log import catalog_origin as of_main
 
     return of_main(origin_of(ledger))
+
+
+def log_rotations(ledger: Ledger) -> dict[str, Any]:
+    """``GET /v1/log/rotations`` (R29): ``ledger.audit.rotation_proofs``."""
+    from ledger.audit.rotation_proofs import rotations_document
+
+    return rotations_document(ledger)
 
 
 def open_store(url: str | None = None) -> Store:

@@ -32,25 +32,25 @@ covers every audience's view, so a client that sees only its own cannot recomput
 (``AudienceView.content_digest_verified`` is ``False``); and that a proxy which
 recomputes every digest is honest.
 
-**With a trust policy** (``trust=``, R29: the catalog log's origin, the log's keys, the
-witnesses' keys, a threshold k and a maximum age; ``load_trust`` reads one from a file),
-``view()`` asks for a proof bundle (``?proof=1&since_size=<accepted size>``) and, after
-the checks above, verifies it offline (``domain.bundle.verify_bundle``): the view's
-digest is its audience's leaf of the revision's audience map, that revision is the last
-leaf of the catalog log, whose checkpoint the log signed and k pinned witnesses cosigned
-within the maximum age, and which extends, by a consistency proof, the largest one this
-client accepted. Only then is the view kept and returned, and that checkpoint's
-``(size, root, revision)`` kept (``accepted``) — in memory and, with ``state_file=``, in
-a file written atomically, re-read under a lock by every proven read of the clients
-sharing it (never an older head written back); one that does not parse is INTEGRITY,
-never a fresh start. A forged or re-digested view, another audience's, a bad signature,
-too few cosignatures or an inconsistent tree is ``IntegrityFailure``; a head older than
-the one accepted (a lagging replica, a rollback: such a server proves its smaller head
-and gives no consistency proof) or cosigned longer ago than the maximum age (a frozen
-head) is ``Stale``. Either way nothing is kept for that audience and the accepted state
-does not move. What remains on the server's word is ``content_digest`` (it covers every
-audience's view) and ``head()`` (not proven: a runtime relies on its own view's
-revision).
+**With a trust policy** (``trust=``, R29; ``load_trust`` reads one from a file),
+``view()`` asks for a proof bundle (``?proof=1&since_size=<accepted size>``) and
+verifies it offline (``domain.bundle.verify_bundle``, LOG-FORMAT "Verifying a bundle"):
+the view's digest is its audience's leaf of the revision's audience map, that revision
+the last leaf of the catalog log, whose checkpoint the log signed and k pinned witnesses
+cosigned within the maximum age, extending by a consistency proof the largest one this
+client accepted (``accepted``: kept in memory and, with ``state_file=``, in a file
+written atomically and re-read under a lock by every proven read of the clients sharing
+it; one that does not parse is INTEGRITY, never a fresh start). A forged or re-digested
+view, another audience's, a bad signature, too few cosignatures or an inconsistent tree
+is ``IntegrityFailure``; a head older than the one accepted (a lagging replica, a
+rollback) or cosigned longer ago than the maximum age (frozen) is ``Stale``; either way
+nothing is kept and the accepted state does not move. **Key rotation**: the log keys
+pinned are the policy's, amended by the rotations learned from the log (``refresh_keys``,
+or by itself when a checkpoint carries a log key it does not pin or none it pins now):
+``GET /v1/log/rotations``, each proven in the main log under a checkpoint k witnesses
+cosigned (``ledger.client_keys``), kept in the state file; after a rotation's overlap the
+old key alone is refused. Still on the server's word: ``content_digest`` (it covers
+every audience's view) and ``head()`` (a runtime relies on its own view's revision).
 
 - **ETag cache**: the last verified view of each audience is kept with its weak ETag
   and sent back as ``If-None-Match``; a 304 answers with the kept view. (A proven read
@@ -74,16 +74,14 @@ revision).
 
 from __future__ import annotations
 
-import fcntl
-import os
+import contextlib
 import random
 import re
 import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from types import TracebackType
@@ -112,7 +110,18 @@ from domain.errors import (
     Unavailable,
 )
 from domain.identity import Audience
+from domain.key_rotation import PinnedKey
 from domain.served import AudienceView, CatalogHead, audience_digest, fact_bytes, fact_digest
+from ledger.client_keys import (
+    KeyRing,
+    load_trust,
+    locked,
+    read_state,
+    state_document,
+    write_state,
+)
+
+__all__ = ["WATCH_INTERVAL", "WATCH_SECONDS", "CatalogClient", "load_trust", "tls_context"]
 
 _ERRORS: dict[str, type[LedgerError]] = {
     cls.code: cls
@@ -192,12 +201,48 @@ class CatalogClient:
         self._clock = clock
         self._state_file = Path(state_file) if state_file is not None else None
         self._state_lock = threading.Lock()
-        self._accepted = _read_state(self._state_file, trust) if trust is not None else None
+        self._accepted: Accepted | None = None
+        self._keys: KeyRing | None = None
+        self._tried: frozenset[tuple[str, bytes]] = frozenset()  # signers that hinted
+        if trust is not None:
+            self._accepted, self._keys = read_state(self._state_file, trust)
 
     @property
     def accepted(self) -> Accepted | None:
         """The largest catalog-log checkpoint this client accepted (R29; None: none yet)."""
         return self._accepted
+
+    @property
+    def log_keys(self) -> tuple[PinnedKey, ...]:
+        """The log keys this client pins (R29): the policy's, as learned rotations amend
+        them (an old key bounded by its overlap's end, the new key added)."""
+        return () if self._keys is None else self._keys.keys
+
+    def refresh_keys(self) -> tuple[PinnedKey, ...]:
+        """Learn the log's key rotations from the log (``GET /v1/log/rotations``,
+        ``ledger.client_keys``): each proven in the main log under a checkpoint signed by a
+        key pinned now and cosigned by the policy's threshold of witnesses, each signed by
+        a pinned old key within its overlap. Kept in the state file. INTEGRITY (nothing
+        learned) otherwise. A proven read calls it itself when a checkpoint carries no
+        signature by a pinned key."""
+        if self.trust is None or self._keys is None:
+            raise InvalidInput("refresh_keys needs a trust policy (trust=)", field="trust")
+        with self._state_lock:
+            self._learn()
+        return self._keys.keys
+
+    def _learn(self) -> bool:
+        assert self.trust is not None and self._keys is not None
+        response = self._get("/v1/log/rotations", {}, {}, audience=None)
+        try:
+            document = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise _integrity(f"the key rotations are not JSON: {exc}", "$") from None
+        if not self._keys.learn(document, self._clock()):
+            return False
+        if self._state_file is not None:
+            write_state(self._state_file, state_document(self.trust, self._accepted, self._keys))
+        return True
 
     # -- reads --------------------------------------------------------------------------
 
@@ -246,11 +291,12 @@ class CatalogClient:
         Proven reads run one at a time: each must extend the state the last one kept."""
         if self.trust is None or wait is not None:
             return self._fetch(audience, min_revision=min_revision, wait=wait, prove=False)
-        shared = _locked(self._state_file) if self._state_file is not None else nullcontext()
+        shared = locked(self._state_file) if self._state_file is not None else nullcontext()
         with self._state_lock, shared:
-            kept, on_file = self._accepted, _read_state(self._state_file, self.trust)
+            kept = self._accepted
+            on_file, ring = read_state(self._state_file, self.trust)
             if on_file is not None and (kept is None or on_file.size >= kept.size):
-                self._accepted = on_file
+                self._accepted, self._keys = on_file, ring  # a sharer moved it on
             return self._fetch(audience, min_revision=min_revision, wait=None, prove=True)
 
     def _fetch(
@@ -287,17 +333,47 @@ class CatalogClient:
             body = _body(response)
             found = _verified_view(body, response, parsed, min_revision, proven=prove)
             if prove:
-                assert self.trust is not None
-                state = verify_bundle(found, body.get("proof"), self.trust, kept, self._clock())
+                state = self._prove(found, body.get("proof"), kept)
                 if state != kept:
-                    if self._state_file is not None:
-                        _write_state(self._state_file, self.trust, state)
                     self._accepted = state
+                    if self._state_file is not None:
+                        assert self.trust is not None and self._keys is not None
+                        write_state(self._state_file, state_document(self.trust, state, self._keys))
+                self._hinted(body.get("proof"))
         except (IntegrityFailure, Stale):
             self._cache.pop(name, None)
             raise
         self._cache[name] = found
         return found
+
+    def _prove(self, view: AudienceView, proof: object, kept: Accepted | None) -> Accepted:
+        """``verify_bundle`` with the keys valid now; a checkpoint with no signature by
+        any of them sends the client to learn the log's rotations, then verify again. The
+        bundle's own verdict stands if nothing is learned (whatever learning met)."""
+        assert self._keys is not None
+        try:
+            return verify_bundle(view, proof, self._keys.policy(self._clock()), kept, self._clock())
+        except IntegrityFailure as exc:
+            if exc.details.get("reason") != "no_signature":
+                raise
+            try:
+                learned = self._learn()
+            except LedgerError:
+                learned = False
+            if not learned:
+                raise
+        return verify_bundle(view, proof, self._keys.policy(self._clock()), kept, self._clock())
+
+    def _hinted(self, proof: object) -> None:
+        """A checkpoint also signed by a log key not pinned (a rotation's new key, during
+        its overlap) sends the client to learn the rotations, once per such key: best
+        effort (the read is proven already; ``refresh_keys`` raises what it finds)."""
+        assert self._keys is not None
+        fresh = self._keys.unknown_signers(proof) - self._tried
+        if fresh:
+            self._tried |= fresh
+            with contextlib.suppress(LedgerError):
+                self._learn()
 
     def _get(
         self, path: str, params: dict[str, Any], headers: dict[str, str], *, audience: str | None
@@ -520,80 +596,3 @@ def _verified_view(
     if etag != view.etag and (etag is not None or not proven):
         raise _integrity("the ETag does not name the audience digest", "etag")
     return view
-
-
-# -- R29: the trust policy and the kept state -------------------------------------------
-
-
-def load_trust(path: str | Path) -> TrustPolicy:
-    """The trust policy in a JSON file (``domain.bundle.TrustPolicy``); INVALID names the
-    field at fault, UNAVAILABLE a file that cannot be read."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise Unavailable(f"cannot read the trust policy {path}: {exc.strerror}") from None
-    try:
-        document = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"the trust policy {path} is not JSON: {exc}", field="$") from None
-    return TrustPolicy.parse(document)
-
-
-def _read_state(path: Path | None, trust: TrustPolicy) -> Accepted | None:
-    """The state a previous client kept in ``path`` (None: no file yet); one that does
-    not parse is INTEGRITY ``bad_state`` (``Accepted.from_json``)."""
-    if path is None:
-        return None
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise Unavailable(f"cannot read the client state {path}: {exc.strerror}") from None
-    try:
-        document = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        document = None
-    try:
-        return Accepted.from_json(document, trust.origin)
-    except IntegrityFailure as exc:
-        raise IntegrityFailure(f"{path}: {exc.message}", **exc.details) from None
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One proven read at a time among the processes sharing ``path`` (on its directory)."""
-    try:
-        directory = os.open(path.parent, os.O_RDONLY)
-    except OSError as exc:
-        raise Unavailable(f"cannot lock the client state {path}: {exc.strerror}") from None
-    try:
-        fcntl.flock(directory, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(directory)  # closing releases the lock
-
-
-def _write_state(path: Path, trust: TrustPolicy, state: Accepted) -> None:
-    """Replace ``path`` with ``state`` atomically: a temporary file in the same directory,
-    fsync'ed, renamed over it, then the directory fsync'ed (a crash leaves the old state
-    or the new one, never a torn file)."""
-    body = orjson.dumps(state.to_json(trust.origin))
-    try:
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(body)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-    except OSError as exc:
-        raise Unavailable(f"cannot write the client state {path}: {exc.strerror}") from None

@@ -17,6 +17,12 @@
    failed (and logs it: clients go STALE once the stored cosignatures pass their maximum
    age, so operators see it coming: this line and ``catalog_ledger_checkpoint_age_seconds``).
 
+4. does the same for the main log's checkpoint (origin: the catalog log's without
+   ``/catalog``), the one that covers the log's key rotations (``log_key.rotated``): the
+   server shows runtimes each rotation with an inclusion proof under this note
+   (``GET /v1/log/rotations``), so a rotation is a log fact k witnesses cosigned. The
+   witnesses must witness both origins (``witness serve --log`` twice).
+
 Re-running it with an unchanged catalog re-cosigns the same size: the witnesses' fresh
 timestamps are what a client's freshness rests on. The witnesses are reached through an
 ``AddCheckpoint`` callable (``ledger.witness.submit.add_checkpoint``, which the API
@@ -32,9 +38,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from domain.bundle import TrustPolicy
+from domain.bundle import TrustPolicy, main_log_origin
 from domain.errors import Conflict, IntegrityFailure, InvalidInput, LedgerError, Unavailable
-from domain.notes import NoteSignature, SignerKey, VerifierKey, WitnessKey, add_cosignatures
+from domain.merkle import EMPTY_ROOT, consistency_proof_from
+from domain.notes import (
+    Checkpoint,
+    NoteSignature,
+    SignerKey,
+    VerifierKey,
+    WitnessKey,
+    add_cosignatures,
+)
+from ledger.audit.proofs import MerkleLog
 from ledger.store.catalog_log import (
     CatalogLog,
     StoredCheckpoint,
@@ -103,7 +118,7 @@ def parse_policy(document: object) -> CosignPolicy:
 # -- one collector run -------------------------------------------------------------------
 
 
-class CosignResult(TypedDict):
+class LogCosigned(TypedDict):
     origin: str
     size: int
     root: str
@@ -113,14 +128,22 @@ class CosignResult(TypedDict):
     note: str
 
 
-def check_policy(policy: CosignPolicy, origin: str, signer: SignerKey) -> None:
-    """The policy is this log's and pins the signing key: INVALID naming the field."""
+class CosignResult(LogCosigned):
+    """The catalog log's cosigned checkpoint, and ``main``: the main log's."""
+
+    main: LogCosigned
+
+
+def check_policy(
+    policy: CosignPolicy, origin: str, signer: SignerKey, also: Sequence[SignerKey] = ()
+) -> None:
+    """The policy is this log's and pins each signing key: INVALID naming the field."""
     if policy.origin != origin:
         raise InvalidInput(
             f"the policy's origin is {policy.origin!r}, this store's catalog log is {origin!r}",
             field="origin",
         )
-    if signer.verifier not in policy.log_keys:
+    if any(s.verifier not in policy.log_keys for s in (signer, *also)):
         raise InvalidInput(
             "the signing key is not one of the policy's log_keys: clients would refuse its "
             "signature",
@@ -136,23 +159,68 @@ def cosign(
     policy: CosignPolicy,
     add_checkpoint: AddCheckpoint,
     clock: Callable[[], float] = time.time,
+    also: Sequence[SignerKey] = (),
 ) -> CosignResult:
-    """One collector run (module docstring)."""
-    check_policy(policy, origin, signer)
+    """One collector run (module docstring): the catalog log's checkpoint, then the main
+    log's (``main``: the note that covers the log's key rotations, LOG-FORMAT "Key
+    rotation"). Each is stored once ``threshold`` witnesses cosigned it; the catalog's
+    is stored even when the main log's then falls short (UNAVAILABLE naming it). The
+    keys ``also`` sign each note too: during a key rotation's overlap the old and the new
+    key both sign, so that clients that pin either accept it (README, "Keys and disaster
+    recovery")."""
+    check_policy(policy, origin, signer, also)
+    signers = (signer, *also)
     log = CatalogLog(ledger.db)
     with ledger.db.read() as conn:
-        size = log.refresh(conn)
+        log.refresh(conn)
         previous = stored_checkpoint(conn, origin)
-    checkpoint = log.checkpoint(origin)
+    result = _cosign_one(
+        ledger, log.checkpoint(origin), previous, log.consistency, signers, policy,
+        add_checkpoint, clock, what="catalog",
+    )  # fmt: skip
+    main = main_log_origin(origin)
+    tree = MerkleLog(ledger)
+    main_size = tree.size()
+    with ledger.db.read() as conn:
+        kept = stored_checkpoint(conn, main)
+    checkpoint = Checkpoint(main, main_size, tree.root(main_size) if main_size else EMPTY_ROOT)
+
+    def consistency(old: int, new: int) -> list[bytes]:
+        return consistency_proof_from(tree.node, old, new)
+
+    second = _cosign_one(
+        ledger, checkpoint, kept, consistency, signers, policy, add_checkpoint, clock,
+        what="main",
+    )  # fmt: skip
+    tree.flush()
+    return {**result, "main": second}
+
+
+def _cosign_one(
+    ledger: Ledger,
+    checkpoint: Checkpoint,
+    previous: StoredCheckpoint | None,
+    consistency: Callable[[int, int], list[bytes]],
+    signers: Sequence[SignerKey],
+    policy: CosignPolicy,
+    add_checkpoint: AddCheckpoint,
+    clock: Callable[[], float],
+    *,
+    what: str,
+) -> LogCosigned:
+    """Sign ``checkpoint``, have the witnesses cosign it, store it (or UNAVAILABLE)."""
+    origin, size = checkpoint.origin, checkpoint.size
     body = checkpoint.text()
-    signed = signer.sign(body)
+    signed = signers[0].sign(body)
+    for other in signers[1:]:  # one signature line each (signed-note: several signers)
+        signed = add_cosignatures(signed, [other.sign(body).rpartition("\n\n")[2]])
     known = previous.size if previous is not None and 0 < previous.size <= size else 0
     lines: list[str] = []
     cosigned: list[str] = []
     failed: dict[str, str] = {}
     for witness in policy.witnesses:
         try:
-            answer = _submit(add_checkpoint, witness, log, known, size, signed)
+            answer = _submit(add_checkpoint, witness, consistency, known, size, signed)
         except (LedgerError, OSError) as exc:
             failed[witness.name] = str(getattr(exc, "message", exc))
             continue
@@ -166,7 +234,7 @@ def cosign(
     # A witness is its name: one pinned with its old and new key counts once.
     if len(set(cosigned)) < policy.threshold:
         LOG.error(
-            "catalog checkpoint not cosigned: fewer witnesses than the threshold answered; "
+            f"{what} checkpoint not cosigned: fewer witnesses than the threshold answered; "
             "clients go STALE once the stored cosignatures pass their maximum age",
             extra={
                 "origin": origin,
@@ -177,12 +245,13 @@ def cosign(
             },
         )
         raise Unavailable(
-            f"{len(cosigned)} of {len(policy.witnesses)} witnesses cosigned the catalog "
+            f"{len(cosigned)} of {len(policy.witnesses)} witnesses cosigned the {what} "
             f"checkpoint of size {size}, the policy needs {policy.threshold}; failed: "
             + "; ".join(f"{name}: {why}" for name, why in sorted(failed.items())),
             failed=failed,
             cosigned=cosigned,
             threshold=policy.threshold,
+            origin=origin,
         )
     note = add_cosignatures(signed, lines)
     store_checkpoint(
@@ -190,7 +259,7 @@ def cosign(
         StoredCheckpoint(origin, size, checkpoint.root, note, int(clock() * 1_000_000)),
     )
     LOG.info(
-        "catalog checkpoint cosigned and stored",
+        f"{what} checkpoint cosigned and stored",
         extra={"origin": origin, "size": size, "cosigned": len(cosigned), "failed": sorted(failed)},
     )
     return {
@@ -207,7 +276,7 @@ def cosign(
 def _submit(
     add_checkpoint: AddCheckpoint,
     witness: Witness,
-    log: CatalogLog,
+    consistency: Callable[[int, int], list[bytes]],
     known: int,
     size: int,
     signed: str,
@@ -216,7 +285,7 @@ def _submit(
     more from the size the witness says it has (if the log has it: a larger one means the
     witness saw a tree this log does not extend, which no retry fixes)."""
     try:
-        return add_checkpoint(witness.url, signed, known, _proof(log, known, size))
+        return add_checkpoint(witness.url, signed, known, _proof(consistency, known, size))
     except Conflict as conflict:
         other = conflict.details.get("known_size")
         if type(other) is not int or not 0 <= other <= size:
@@ -224,11 +293,11 @@ def _submit(
                 f"the witness knows size {other}, not one of the catalog log's {size}: it "
                 "cosigned a tree this log does not extend (a restore, a rollback)"
             ) from None
-        return add_checkpoint(witness.url, signed, other, _proof(log, other, size))
+        return add_checkpoint(witness.url, signed, other, _proof(consistency, other, size))
 
 
-def _proof(log: CatalogLog, old: int, size: int) -> list[bytes]:
-    return log.consistency(old, size) if 0 < old < size else []
+def _proof(consistency: Callable[[int, int], list[bytes]], old: int, size: int) -> list[bytes]:
+    return consistency(old, size) if 0 < old < size else []
 
 
 def policy_document(text: str, source: str) -> Any:

@@ -17,7 +17,7 @@ from domain.errors import Conflict, IntegrityFailure, InvalidInput, UsageError
 from ledger.audit.results import KeygenResult
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from domain.notes import VerifierKey
     from ledger.audit.cosign import AddCheckpoint, CosignResult
@@ -184,7 +184,7 @@ def checkpoint(
 def cosign(
     ledger: Ledger,
     *,
-    sign: Path,
+    sign: Path | Sequence[Path],
     policy: Path,
     add_checkpoint: AddCheckpoint,
     clock: Callable[[], float],
@@ -199,12 +199,15 @@ def cosign(
     from ledger.store.catalog_log import catalog_origin
     from ledger.store.log_identity import name_log
 
-    signer = SignerKey.parse(read_text(sign, "sign"), field="sign")
+    files = [sign] if isinstance(sign, Path) else list(sign)
+    if not files:
+        raise InvalidInput("give the log's signer key", field="sign")
+    signer, *also = (SignerKey.parse(read_text(f, "sign"), field="sign") for f in files)
     document = parse_json(read_text(policy, "policy"), source=str(policy))
     parsed = parse_policy(document)
     name_log(ledger)  # the signed origin is a log fact, carried by export (R29)
     origin = catalog_origin(origin_of(ledger))
-    check_policy(parsed, origin, signer)
+    check_policy(parsed, origin, signer, also)
     return collect(
         ledger,
         origin=origin,
@@ -212,6 +215,7 @@ def cosign(
         policy=parsed,
         add_checkpoint=add_checkpoint,
         clock=clock,
+        also=also,
     )
 
 

@@ -372,8 +372,10 @@ def export(jsonl: bool, out: Path | None, as_json: bool) -> None:
     "sign",
     type=click.Path(dir_okay=False, path_type=Path),
     required=True,
+    multiple=True,
     metavar="KEYFILE",
-    help="The log's signer key (this job holds it; `serve` never does).",
+    help="The log's signer key (this job holds it; `serve` never does). Twice during a "
+    "key rotation's overlap: the old key and the new one both sign.",
 )
 @click.option(
     "--policy",
@@ -384,17 +386,20 @@ def export(jsonl: bool, out: Path | None, as_json: bool) -> None:
     help="Trust policy: the catalog log's origin, log keys, witnesses (key, url), threshold.",
 )
 @json_option
-def cosign_command(sign: Path, policy: Path, as_json: bool) -> None:
+def cosign_command(sign: tuple[Path, ...], policy: Path, as_json: bool) -> None:
     """Sign the catalog log's checkpoint, submit it to the policy's witnesses (C2SP
     tlog-witness) and store it with their cosignatures when at least the threshold
     cosigned; otherwise store nothing and exit UNAVAILABLE naming the witnesses that
-    failed. Run it more often than the clients' max_age_seconds (R29)."""
+    failed. Then the same for the main log's checkpoint (it covers the log's key
+    rotations, which runtimes learn from it). Run it more often than the clients'
+    max_age_seconds (R29)."""
     document = store().cosign(sign=sign, policy=policy)
     emit(
         as_json,
         document,
         lambda: click.echo(
             f"cosigned size {document['size']} by {len(document['cosigned'])} witnesses "
-            f"({', '.join(document['cosigned'])})"
+            f"({', '.join(document['cosigned'])}); the main log's size "
+            f"{document['main']['size']} by {len(document['main']['cosigned'])}"
         ),
     )

@@ -54,6 +54,7 @@ from ledger.http.auth import (
 from ledger.http.errors import install_error_handlers
 from ledger.http.health import add_health_routes
 from ledger.http.metrics import HttpMetrics, MetricsMiddleware, StoreCollector, multiprocess_dir
+from ledger.http.rotations import add_rotation_routes
 from ledger.http.settings import MAX_WAITERS
 from ledger.http.state import ServiceState
 from ledger.http.views import add_read_routes
@@ -151,6 +152,7 @@ def create_app(
 
     install_error_handlers(app)
     add_read_routes(app, state)
+    add_rotation_routes(app, state)
     add_health_routes(app, state, metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees every request
     if docs:

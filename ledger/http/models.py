@@ -72,6 +72,26 @@ class Proof(BaseModel):
     consistency: Consistency | None = None
 
 
+class Rotation(BaseModel):
+    """A ``log_key.rotated`` event as stored, and its place in the main log."""
+
+    event: RevisionEvent
+    #: Its leaf index in the main log (its position minus 1).
+    leaf_index: int
+    #: RFC 9162 inclusion proof of that leaf under ``checkpoint``'s tree (base64 hashes).
+    inclusion: list[str]
+
+
+class Rotations(BaseModel):
+    """The log's key rotations (R29, LOG-FORMAT "Key rotation"): each proven in the main
+    log under its stored cosigned checkpoint (null while the log has no rotation)."""
+
+    format: int
+    #: The main log's checkpoint note: body, the log's signature, witness cosignatures.
+    checkpoint: str | None
+    rotations: list[Rotation]
+
+
 class View(BaseModel):
     audience: str
     revision: int

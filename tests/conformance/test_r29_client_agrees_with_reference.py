@@ -30,9 +30,13 @@ def serve(
     body: dict[str, Any], kept: dict[str, Any] | None, tmp_path: Path, **changes: Any
 ) -> tuple[CatalogClient, Path]:
     """A client with the reference's policy (and ``changes``) and ``kept`` as its state
-    file, whose server answers ``body`` to every request."""
+    file, whose server answers ``body`` to every read, and a log with no key rotation to a
+    client that looks for one (a checkpoint with no signature by a pinned key)."""
 
     def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/log/rotations":
+            empty: dict[str, Any] = {"format": 1, "checkpoint": None, "rotations": []}
+            return httpx.Response(200, content=orjson.dumps(empty))
         assert request.url.params["proof"] == "1"
         return httpx.Response(200, content=orjson.dumps(body))
 

@@ -80,8 +80,9 @@ def witnessed(world: World, tmp_path: Path) -> Iterator[tuple[World, list[Witnes
 
 def stored_note(world: World) -> str | None:
     with world.db.read() as conn:
-        row = conn.exec_driver_sql("SELECT note FROM ledger_checkpoint").first()
-    return None if row is None else bytes(row[0]).decode()
+        rows = conn.exec_driver_sql("SELECT origin, note FROM ledger_checkpoint").all()
+    notes = [bytes(n).decode() for o, n in rows if bytes(o).endswith(b"/catalog")]
+    return notes[0] if notes else None
 
 
 def test_r29_cosign_with_real_witnesses_feeds_the_proof_bundle(

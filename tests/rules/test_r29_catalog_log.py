@@ -128,6 +128,12 @@ def stored_rows(world: World) -> list[tuple[Any, ...]]:
         ]
 
 
+def catalog_row(world: World) -> tuple[Any, ...]:
+    """The stored row of the catalog log (the collector stores the main log's too)."""
+    (row,) = [r for r in stored_rows(world) if bytes(r[0]).endswith(b"/catalog")]
+    return row
+
+
 def test_r29_cosign_stores_the_signed_note_with_every_cosignature(
     world: World, tmp_path: Path
 ) -> None:
@@ -137,7 +143,15 @@ def test_r29_cosign_stores_the_signed_note_with_every_cosignature(
     with open_store(world.url) as store:
         first = store.cosign(sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint)
         assert (first["size"], first["cosigned"], first["failed"]) == (1, ["w0", "w1", "w2"], {})
-        ((origin, size, root, note),) = stored_rows(world)
+        origin, size, root, note = catalog_row(world)
+        # The main log's checkpoint too (it covers the key rotations), by the same key.
+        main = first["main"]
+        assert sorted(bytes(r[0]).decode() for r in stored_rows(world)) == sorted(
+            [first["origin"], main["origin"]]
+        )
+        assert main["origin"] + "/catalog" == first["origin"]
+        assert main["cosigned"] == ["w0", "w1", "w2"] and main["size"] > 1
+        assert SignerKey.parse(key.read_text()).verifier.verify(main["note"]).size == main["size"]
         assert (bytes(origin).decode(), size, bytes(note).decode()) == (
             first["origin"],
             1,
@@ -150,7 +164,7 @@ def test_r29_cosign_stores_the_signed_note_with_every_cosignature(
         now[0] += 600
         again = store.cosign(sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint)
         assert (again["size"], again["root"]) == (1, first["root"])
-        assert cosignature_times(stored_rows(world)[0][3].decode()) == [now[0]] * 3
+        assert cosignature_times(bytes(catalog_row(world)[3]).decode()) == [now[0]] * 3
         # A new revision: each witness is told the size it cosigned, with a consistency
         # proof from it (the fake checks it); one that lost its memory answers 409 and is
         # asked again from the size it knows.
@@ -210,26 +224,48 @@ def test_r29_audit_verify_ties_each_stored_checkpoint_to_the_main_log(
         store.cosign(sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint)
     code, report = cli_json("--db", world.url, "audit", "verify", "--no-views")
     assert code == 0 and "checkpoints" in report["checks"], report
-    ((origin, _, root, note),) = stored_rows(world)
+    origin, _, root, note = catalog_row(world)
+    ((main, main_size, main_root, main_note),) = [r for r in stored_rows(world) if r[0] != origin]
     # A note of another tree (revision 1's root under size 2), re-stored consistently with
     # its row: signatures aside, the audit finds it is not the log's.
     wrong = CatalogLog(world.db)
     wrong.refresh()
     forged = Checkpoint(bytes(origin).decode(), 2, wrong.root(1))
+    update = "UPDATE ledger_checkpoint SET root = :r, note = :n WHERE origin = :o"
     with world.db.write() as conn:
-        conn.execute(
-            sa.text("UPDATE ledger_checkpoint SET root = :r, note = :n"),
-            {"r": forged.root, "n": forged.text().encode()},
-        )
+        conn.execute(sa.text(update), {"r": forged.root, "n": forged.text().encode(), "o": origin})
     code, error = cli_json("--db", world.url, "audit", "verify", "--no-views")
     assert (code, error["error"]) == (6, "INTEGRITY")
     assert "ledger_checkpoint" in error["message"] and forged.origin in error["message"]
     assert "root is not the catalog log's" in error["message"]
+    # The main log's row is tied to the main log (not to the catalog log): the catalog
+    # log's root of its size under the main origin is refused.
+    with world.db.write() as conn:
+        conn.execute(sa.text(update), {"r": bytes(root), "n": bytes(note), "o": origin})
+        other = Checkpoint(bytes(main).decode(), 2, bytes(root))
+        conn.execute(
+            sa.text(
+                "UPDATE ledger_checkpoint SET size = 2, root = :r, note = :n WHERE origin = :o"
+            ),
+            {"r": other.root, "n": other.text().encode(), "o": main},
+        )
+    code, error = cli_json("--db", world.url, "audit", "verify", "--no-views")
+    assert (code, error["error"]) == (6, "INTEGRITY")
+    assert f"origin {other.origin!r} (size 2)" in error["message"]
+    assert "root is not the main log's at size 2" in error["message"]
     # A row whose note is not its own size.
     with world.db.write() as conn:
         conn.execute(
-            sa.text("UPDATE ledger_checkpoint SET root = :r, note = :n, size = 1"),
-            {"r": bytes(root), "n": bytes(note)},
+            sa.text(
+                "UPDATE ledger_checkpoint SET size = :s, root = :r, note = :n WHERE origin = :o"
+            ),
+            {"s": main_size, "r": bytes(main_root), "n": bytes(main_note), "o": main},
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE ledger_checkpoint SET root = :r, note = :n, size = 1 WHERE origin = :o"
+            ),
+            {"r": bytes(root), "n": bytes(note), "o": origin},
         )
     code, error = cli_json("--db", world.url, "audit", "verify", "--no-views")
     assert (code, error["error"]) == (6, "INTEGRITY")

@@ -83,14 +83,17 @@ def test_r29_an_export_carries_the_cosigned_checkpoints_and_a_restore_keeps_them
     tmp_path: Path, engine_url: str, exports: dict[str, Path]
 ) -> None:
     lines = exports["new"].read_bytes().splitlines()
-    carried, trailer = json.loads(lines[-2]), json.loads(lines[-1])
+    main, carried, trailer = (json.loads(x) for x in lines[-3:])
     note = exports["note"].read_text(encoding="utf-8")
     assert carried["checkpoint"] == 1 and carried["note"] == note
     assert carried["origin"].endswith("/catalog") and carried["size"] == 2
-    assert (trailer["trailer"], trailer["checkpoints"]) == (2, 1)
+    # The main log's cosigned checkpoint (the collector stores it too), in origin order.
+    last = json.loads(lines[-4])["position"]
+    assert (main["origin"] + "/catalog", main["size"]) == (carried["origin"], last)
+    assert (trailer["trailer"], trailer["checkpoints"]) == (2, 2)
     # The reference verifier, written from LOG-FORMAT.md, reads the checkpoint lines too.
     text = [x.decode() for x in lines]
-    assert ref.verify_export(text).size == json.loads(lines[-3])["position"]
+    assert ref.verify_export(text).size == last
     with pytest.raises(ref.Mismatch):
         ref.verify_export([*text[:-2], json.dumps({**carried, "size": 1}), text[-1]])
     _restore(engine_url, exports["new"])
@@ -98,6 +101,9 @@ def test_r29_an_export_carries_the_cosigned_checkpoints_and_a_restore_keeps_them
     code, ok = cli_json("--db", engine_url, "audit", "resume-check", str(exports["note"]))
     assert code == 0, ok
     assert ok["checked"] == [{"origin": carried["origin"], "cosigned_size": 2, "size": 2}]
+    code, ok = cli_json("--db", engine_url, "audit", "resume-check")  # every stored note
+    assert code == 0, ok
+    assert [c["origin"] for c in ok["checked"]] == [main["origin"], carried["origin"]]
     world = World(tmp_path, engine_url)  # the restored store publishes on: it extends
     try:
         packs = [world.official("other", world.commit("other", 1))]
@@ -113,7 +119,8 @@ def test_r29_restoring_an_older_backup_is_a_rollback_and_publishing_on_it_a_fork
 ) -> None:
     _restore(mysql_url, exports["old"])
     code, own = cli_json("--db", mysql_url, "audit", "resume-check")
-    assert code == 0 and own["checked"][0]["cosigned_size"] == 1, own  # its own: size 1
+    assert code == 0 and own["checked"][-1]["cosigned_size"] == 1, own  # its own: size 1
+    assert own["checked"][-1]["origin"].endswith("/catalog")
     code, stale = cli_json("--db", mysql_url, "audit", "resume-check", str(exports["note"]))
     assert code == 5 and stale["error"] == "STALE", stale
     assert (stale["details"]["required"], stale["details"]["served"]) == (2, 1)
@@ -181,7 +188,7 @@ def test_r29_an_import_refuses_checkpoint_lines_that_are_not_of_the_log_it_loads
     assert _refused(sqlite_url, tmp_path / "c", with_line(said))["field"] == "checkpoint.note"
     dropped = [*lines[:-2], lines[-1]]
     assert _refused(sqlite_url, tmp_path / "d", dropped)["field"] == "trailer.checkpoints"
-    late = [*lines[:-3], lines[-2], lines[-3], lines[-1]]
+    late = [*lines[:-4], lines[-3], lines[-4], *lines[-2:]]  # a checkpoint line, then an event
     assert _refused(sqlite_url, tmp_path / "e", late)["check"] == "checkpoint"
     extra = {**carried, "signed_by": "me"}
     assert _refused(sqlite_url, tmp_path / "f", with_line(extra))["field"] == "checkpoint.signed_by"

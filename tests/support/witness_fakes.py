@@ -31,10 +31,17 @@ class FakeWitness:
         self.private = Ed25519PrivateKey.generate()
         self.public = self.private.public_key().public_bytes_raw()
         self.clock = clock
+        #: The catalog log's tree (an origin ending ``/catalog``); ``others``: any other
+        #: log's (the main log's, which the collector submits too).
         self.size = 0
         self.root = merkle.EMPTY_ROOT
+        self.others: dict[str, tuple[int, bytes]] = {}
         self.down = False
+        #: Origins this witness does not answer for (down for those logs only).
+        self.down_for: set[str] = set()
+        #: ``old`` of each catalog-log submission; ``other_calls``: of the others.
         self.calls: list[int] = []
+        self.other_calls: list[int] = []
 
     @property
     def key_id(self) -> bytes:
@@ -45,15 +52,24 @@ class FakeWitness:
         return f"{self.name}+{self.key_id.hex()}+{body}"
 
     def add(self, old: int, proof: Sequence[bytes], note: str) -> list[str]:
-        self.calls.append(old)
-        if self.down:
-            raise Unavailable(f"{self.name} does not answer")
-        if old != self.size:
-            raise Conflict(f"{self.name} knows size {self.size}", known_size=self.size)
         cp = Checkpoint.parse(note)
+        catalog = cp.origin.endswith("/catalog")
+        (self.calls if catalog else self.other_calls).append(old)
+        if self.down or cp.origin in self.down_for:
+            raise Unavailable(f"{self.name} does not answer")
+        size, root = (
+            (self.size, self.root)
+            if catalog
+            else self.others.get(cp.origin, (0, merkle.EMPTY_ROOT))
+        )
+        if old != size:
+            raise Conflict(f"{self.name} knows size {size}", known_size=size)
         if 0 < old < cp.size:
-            merkle.verify_consistency(old, cp.size, list(proof), self.root, cp.root)
-        self.size, self.root = cp.size, cp.root
+            merkle.verify_consistency(old, cp.size, list(proof), root, cp.root)
+        if catalog:
+            self.size, self.root = cp.size, cp.root
+        else:
+            self.others[cp.origin] = (cp.size, cp.root)
         body = note.split("\n\n", 1)[0] + "\n"
         ts = self.clock()
         signature = self.private.sign(f"cosignature/v1\ntime {ts}\n{body}".encode())

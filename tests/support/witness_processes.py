@@ -1,6 +1,7 @@
 """Real ``catalog-ledger witness serve`` processes on loopback, for the R29 end-to-end
 tests: each with its own key (``witness keygen``) and SQLite file, configured for one log
-origin and its verifier key."""
+origin and its verifier key (for a catalog log's origin, its main log's too: the
+collector ``cosign`` submits both)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ class Witness:
         self.proc = subprocess.Popen(
             [str(SCRIPT), "witness", "serve", "--db", str(folder / f"{name}.db"),
              "--key", str(folder / name), "--log", f"{origin}={log_key}",
+             # the catalog log's main log too: the collector has its checkpoint cosigned
+             *(("--log", f"{origin.removesuffix('/catalog')}={log_key}")
+               if origin.endswith("/catalog") else ()),
              "--listen", f"127.0.0.1:{self.port}"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -101,7 +101,9 @@ ALLOWED_OURS = {
     },
     # The runtime client speaks HTTP to a server; it shares only the pure domain (the
     # digests and result types of ``domain.served``) with the rest: no server stack.
-    "ledger.client": {"domain"},
+    "ledger.client": {"domain", "ledger.client_keys"},
+    # Its policy, state file and learned log keys (R29): the pure domain alone, likewise.
+    "ledger.client_keys": {"domain"},
     # Entrypoints are thin adapters over the API (and the audit's schema generators);
     # the CLI checks --db with the URL rules alone (stdlib) before it imports the API.
     "ledger.cli": {
