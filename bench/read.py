@@ -190,7 +190,7 @@ def store_cosigned_checkpoint(url: str) -> None:
     signer = SignerKey.generate("bench-log")
     with Store(url) as store:
         origin = catalog_origin(store.ledger)
-        policy = CosignPolicy(origin, (signer.verifier,), witnesses, 2)
+        policy = CosignPolicy(origin, (signer.verifier,), witnesses, 2, 3600)
         cosign(store.ledger, origin=origin, signer=signer, policy=policy,
                add_checkpoint=add_checkpoint)  # fmt: skip
 

@@ -76,17 +76,24 @@ class Witness:
     def name(self) -> str:
         return self.key.name
 
-    def valid_lines(self, body: str, lines: Sequence[str]) -> list[str]:
+    def valid_lines(
+        self, body: str, lines: Sequence[str], *, not_before: float | None = None
+    ) -> list[str]:
         """The newest ``cosignature/v1`` line among ``lines`` by this witness's key that
         verifies over the checkpoint ``body`` (tlog-cosignature), or none; any other line
         is dropped. One line at most: a witness answering many valid lines must not
-        push the stored note past what clients read (signed-note: 100 signatures)."""
+        push the stored note past what clients read (signed-note: 100 signatures).
+        A line older than ``not_before`` (the clients' maximum age ago) is no
+        cosignature now: a replayed one would make the collector report a note clients
+        find STALE."""
         newest: tuple[int, str] | None = None
         for line in lines:
             try:
                 signature = NoteSignature.parse_line(line, field="cosignature")
                 if self.key.signed(signature):
                     timestamp = self.key.verify(body, signature)
+                    if not_before is not None and timestamp < not_before:
+                        continue
                     if newest is None or timestamp > newest[0]:
                         newest = (timestamp, signature.line())
             except (InvalidInput, IntegrityFailure):
@@ -100,6 +107,7 @@ class CosignPolicy:
     log_keys: tuple[VerifierKey, ...]
     witnesses: tuple[Witness, ...]
     threshold: int
+    max_age_seconds: int
 
 
 def parse_policy(document: object) -> CosignPolicy:
@@ -112,7 +120,9 @@ def parse_policy(document: object) -> CosignPolicy:
             at = f"witnesses[{n}].url"
             raise InvalidInput(f"{at}: the collector needs the witness's URL", field=at)
         witnesses.append(Witness(key, url))
-    return CosignPolicy(policy.origin, policy.log_keys, tuple(witnesses), policy.threshold)
+    return CosignPolicy(
+        policy.origin, policy.log_keys, tuple(witnesses), policy.threshold, policy.max_age_seconds
+    )
 
 
 # -- one collector run -------------------------------------------------------------------
@@ -218,15 +228,19 @@ def _cosign_one(
     lines: list[str] = []
     cosigned: list[str] = []
     failed: dict[str, str] = {}
+    not_before = clock() - policy.max_age_seconds
     for witness in policy.witnesses:
         try:
             answer = _submit(add_checkpoint, witness, consistency, known, size, signed)
         except (LedgerError, OSError) as exc:
             failed[witness.name] = str(getattr(exc, "message", exc))
             continue
-        valid = witness.valid_lines(body, answer)
+        valid = witness.valid_lines(body, answer, not_before=not_before)
         if not valid:
-            failed[witness.name] = "its answer carries no valid cosignature by its key"
+            failed[witness.name] = (
+                "its answer carries no valid cosignature by its key younger than the "
+                "clients' maximum age"
+            )
             continue
         cosigned.append(witness.name)
         lines.extend(valid)

@@ -59,7 +59,10 @@ class Proven:
     def cosign(self) -> None:
         with open_store(self.world.url) as store:
             store.cosign(
-                sign=self.key, policy=self.policy, add_checkpoint=self.witnesses.add_checkpoint
+                sign=self.key,
+                policy=self.policy,
+                add_checkpoint=self.witnesses.add_checkpoint,
+                clock=self.witnesses.clock,
             )
 
     def client(self, base: str | None = None, **kwargs: Any) -> CatalogClient:

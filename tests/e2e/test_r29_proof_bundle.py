@@ -67,7 +67,10 @@ class Collector:
         with open_store(self.world.url) as store:
             return dict(
                 store.cosign(
-                    sign=self.key, policy=self.policy, add_checkpoint=self.witnesses.add_checkpoint
+                    sign=self.key,
+                    policy=self.policy,
+                    add_checkpoint=self.witnesses.add_checkpoint,
+                    clock=self.witnesses.clock,
                 )
             )
 

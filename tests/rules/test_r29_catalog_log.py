@@ -141,7 +141,9 @@ def test_r29_cosign_stores_the_signed_note_with_every_cosignature(
     now = [1_700_000_000]
     witnesses, key, policy = collector(world, tmp_path, now)
     with open_store(world.url) as store:
-        first = store.cosign(sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint)
+        first = store.cosign(
+            sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint, clock=witnesses.clock
+        )
         assert (first["size"], first["cosigned"], first["failed"]) == (1, ["w0", "w1", "w2"], {})
         origin, size, root, note = catalog_row(world)
         # The main log's checkpoint too (it covers the key rotations), by the same key.
@@ -162,7 +164,9 @@ def test_r29_cosign_stores_the_signed_note_with_every_cosignature(
         assert cosignature_times(first["note"]) == [now[0]] * 3
         # Unchanged catalog: the same size is re-cosigned, with fresh timestamps.
         now[0] += 600
-        again = store.cosign(sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint)
+        again = store.cosign(
+            sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint, clock=witnesses.clock
+        )
         assert (again["size"], again["root"]) == (1, first["root"])
         assert cosignature_times(bytes(catalog_row(world)[3]).decode()) == [now[0]] * 3
         # A new revision: each witness is told the size it cosigned, with a consistency
@@ -170,7 +174,9 @@ def test_r29_cosign_stores_the_signed_note_with_every_cosignature(
         # asked again from the size it knows.
         publish(world, 2)
         witnesses.all[2].size, witnesses.all[2].root = 0, merkle.EMPTY_ROOT
-        grown = store.cosign(sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint)
+        grown = store.cosign(
+            sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint, clock=witnesses.clock
+        )
         assert grown["size"] == 2 and grown["cosigned"] == ["w0", "w1", "w2"]
         assert [w.calls[-1] for w in witnesses.all] == [1, 1, 0]
         assert witnesses.all[2].calls[-2:] == [1, 0]
@@ -183,7 +189,9 @@ def test_r29_cosign_below_the_threshold_stores_nothing_and_names_the_failed(
     witnesses, key, policy = collector(world, tmp_path, [1_700_000_000])
     witnesses.all[0].down = witnesses.all[2].down = True
     with open_store(world.url) as store, pytest.raises(Unavailable) as raised:
-        store.cosign(sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint)
+        store.cosign(
+            sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint, clock=witnesses.clock
+        )
     assert sorted(raised.value.details["failed"]) == ["w0", "w2"]
     assert raised.value.details["cosigned"] == ["w1"]
     assert "w0" in raised.value.message and "w2" in raised.value.message
@@ -221,7 +229,9 @@ def test_r29_audit_verify_ties_each_stored_checkpoint_to_the_main_log(
     publish(world, 2)
     witnesses, key, policy = collector(world, tmp_path, [1_700_000_000])
     with open_store(world.url) as store:
-        store.cosign(sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint)
+        store.cosign(
+            sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint, clock=witnesses.clock
+        )
     code, report = cli_json("--db", world.url, "audit", "verify", "--no-views")
     assert code == 0 and "checkpoints" in report["checks"], report
     origin, _, root, note = catalog_row(world)

@@ -272,15 +272,6 @@ def test_r29_witness_answers_408_to_a_slow_loris_body(tmp_path: Path) -> None:
     assert witness.state.known(ORIGIN) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="open: the collector counts any valid line, however old, towards k. Giving it "
-    "the time (not_before = its clock - max_age_seconds) breaks every R29 collector test "
-    "whose fake or real witnesses run on a fixed clock (2023) while the collector uses "
-    "time.time(): those tests must pass store.cosign(clock=) first. The gauge "
-    "catalog_ledger_checkpoint_age_seconds (oldest cosignature) shows it meanwhile.",
-)
 def test_r29_collector_counts_no_replayed_stale_cosignature(log: CatalogLog) -> None:
     """The catalog unchanged, the body is the same as yesterday's: a witness that replays
     yesterday's valid line is counted as cosigned, and the collector reports success
@@ -291,9 +282,9 @@ def test_r29_collector_counts_no_replayed_stale_cosignature(log: CatalogLog) -> 
     collected = CollectedWitness(WitnessKey.parse(witness.verifier.text()), "http://w0.test")
     replayed = [witness.cosign(body, NOW - 86_400)]
     keep = collected.valid_lines
-    assert keep(body, replayed, not_before=NOW - 3600) == []  # type: ignore[call-arg]
+    assert keep(body, replayed, not_before=NOW - 3600) == []
     fresh = [witness.cosign(body, NOW - 60)]
-    assert keep(body, replayed + fresh, not_before=NOW - 3600) == fresh  # type: ignore[call-arg]
+    assert keep(body, replayed + fresh, not_before=NOW - 3600) == fresh
 
 
 def test_r29_a_checkpoint_note_with_two_bodies_is_no_checkpoint(log: CatalogLog) -> None:

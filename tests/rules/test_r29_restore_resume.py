@@ -63,7 +63,10 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
             def cosign() -> str:
                 done = store.cosign(
-                    sign=tmp / "log.key", policy=policy, add_checkpoint=witnesses.add_checkpoint
+                    sign=tmp / "log.key",
+                    policy=policy,
+                    add_checkpoint=witnesses.add_checkpoint,
+                    clock=witnesses.clock,
                 )
                 return str(done["note"])
 

@@ -84,6 +84,10 @@ class Witnesses:
         self.now = now
         self.all = [FakeWitness(f"w{n}", lambda: self.now[0]) for n in range(3)]
 
+    def clock(self) -> float:
+        """The collector's clock in the witnesses' time (they cosign at ``now``)."""
+        return float(self.now[0])
+
     def add_checkpoint(self, url: str, note: str, old: int, proof: Sequence[bytes]) -> list[str]:
         (witness,) = [w for w in self.all if w.url == url]
         return witness.add(old, proof, note)
