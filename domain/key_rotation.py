@@ -31,7 +31,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from domain import merkle
 from domain.digests import event_id
 from domain.errors import IntegrityFailure, InvalidInput
-from domain.log_identity import check_origin, log_identity_id
 from domain.notes import (
     Checkpoint,
     SignerKey,
@@ -41,6 +40,7 @@ from domain.notes import (
     verify_cosignatures,
     verify_log_signatures,
 )
+from domain.origin import check_origin, log_identity_id
 
 #: The first line of a rotation statement's body (its format and version).
 ROTATION_HEADER = "catalog-ledger key rotation v1"

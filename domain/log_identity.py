@@ -26,7 +26,8 @@ until when the old key stays valid (the overlap)::
 
 ``domain.key_rotation.apply_rotation`` is the whole rule a client (or an auditor) applies
 to a pinned key set. Pure: no I/O, no clock. This module imports no cryptography (reads
-load the event table, and with it this aggregate, without the signing code).
+load the event table, and with it this aggregate, without the signing code). The
+origin rules and the aggregate's id live in ``domain.origin``, which the client imports.
 """
 
 from __future__ import annotations
@@ -36,41 +37,7 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.digests import aggregate_id
-from domain.errors import InvalidInput
-
-#: The origin a log has before it is named: its store's id (``ledger_meta.store_id``).
-ORIGIN_PREFIX = "catalog-ledger/"
-_MAX_ORIGIN = 255
-
-
-def log_identity_id() -> UUID:
-    """The one ``LogIdentity`` aggregate of a log (a fixed id: one index seek finds it)."""
-    return aggregate_id("log", "identity")
-
-
-def default_origin(store_id: str) -> str:
-    """The origin of a log that has no ``log.named`` event: its store's id."""
-    return f"{ORIGIN_PREFIX}{store_id}"
-
-
-def check_origin(origin: object, *, field: str = "origin") -> str:
-    """A checkpoint origin: one non-empty line of printable text, no spaces or '+' (so that
-    it can also be a note key name, tlog-checkpoint's advice), at most 255 characters."""
-    ok = (
-        isinstance(origin, str)
-        and 0 < len(origin) <= _MAX_ORIGIN
-        and origin.isprintable()
-        and not any(c.isspace() or c == "+" for c in origin)
-    )
-    if not ok:
-        raise InvalidInput(
-            f"{field} must be one line of printable text without spaces or '+' "
-            f"(1-{_MAX_ORIGIN} characters)",
-            field=field,
-        )
-    assert isinstance(origin, str)
-    return origin
+from domain.origin import log_identity_id
 
 
 class LogIdentity(Aggregate):

@@ -26,7 +26,7 @@ from domain import merkle
 from domain.digests import event_id
 from domain.errors import IntegrityFailure, Unavailable
 from domain.event_types import EVENT_TYPES, T_LOG_KEY_ROTATED, UnknownEventType
-from domain.log_identity import log_identity_id
+from domain.origin import log_identity_id
 from ledger.audit.proofs import MerkleLog
 from ledger.log import tables as schema
 from ledger.store.catalog_log import CHECKPOINT_TABLE, query_checkpoint

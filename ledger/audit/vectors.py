@@ -333,8 +333,8 @@ def log_identity_vectors() -> dict[str, Any]:
     (``apply_rotation``) makes of it and of tampered variants (R29)."""
     from domain.errors import IntegrityFailure
     from domain.key_rotation import Rotation, apply_rotation, rotation_statement
-    from domain.log_identity import log_identity_id
     from domain.notes import SignerKey
+    from domain.origin import log_identity_id
 
     identity = log_identity_id()
     state = _state(origin=ORIGIN)

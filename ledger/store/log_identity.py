@@ -14,7 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from domain.errors import Conflict, InvalidInput
-from domain.log_identity import LogIdentity, check_origin, default_origin, log_identity_id
+from domain.log_identity import LogIdentity
+from domain.origin import check_origin, default_origin, log_identity_id
 from ledger.log import tables as schema
 from ledger.log.sqltypes import enc
 from ledger.store.catalog_log import catalog_origin

@@ -65,7 +65,7 @@ from domain.event_types import (
     StoredType,
     UnknownEventType,
 )
-from domain.log_identity import default_origin, log_identity_id
+from domain.origin import default_origin, log_identity_id
 from ledger.log import tables as schema
 from ledger.log.checkpoint_line import CheckpointLine, is_checkpoint_line
 from ledger.log.trailer import Trailer, is_trailer

@@ -23,8 +23,8 @@ from domain.bundle import TrustPolicy
 from domain.digests import event_id
 from domain.errors import IntegrityFailure
 from domain.key_rotation import PinnedKey, Rotation, learn_rotations, rotation_statement
-from domain.log_identity import log_identity_id
 from domain.notes import Checkpoint, SignerKey, WitnessSigner, add_cosignatures, key_id
+from domain.origin import log_identity_id
 from ledger.client_keys import read_state, state_document, write_state
 
 MAIN = "catalog-ledger/00112233445566778899aabbccddeeff"
