@@ -25,18 +25,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from uuid import UUID
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from domain import merkle
 from domain.digests import event_id
 from domain.errors import IntegrityFailure, InvalidInput
 from domain.notes import (
     Checkpoint,
+    SignedNote,
     SignerKey,
     VerifierKey,
     WitnessKey,
-    key_id,
+    note_signers,
     verify_cosignatures,
     verify_log_signatures,
 )
@@ -168,32 +166,15 @@ def check_signature(key: VerifierKey, note: str) -> None:
     """``VerifierKey.verify`` for a note whose body is not a checkpoint: INTEGRITY
     (``bad_signature``, ``no_signature``) unless ``note`` carries a valid signature by
     ``key``."""
-    text, sep, signatures = note.partition("\n\n")
-    if not sep:
-        raise IntegrityFailure("the key rotation is not signed", reason="no_signature")
-    body = (text + "\n").encode()
-    wanted = key_id(key.name, key.public)
-    for line in signatures.splitlines():
-        parts = line.split(" ")
-        if len(parts) != 3 or parts[0] != "\u2014" or parts[1] != key.name:
-            continue
-        try:
-            raw = base64.b64decode(parts[2], validate=True)
-        except ValueError:
-            continue
-        if raw[:4] != wanted:
-            continue
-        try:
-            Ed25519PublicKey.from_public_bytes(key.public).verify(raw[4:], body)
-        except InvalidSignature:
-            raise IntegrityFailure(
-                f"the key rotation's signature by {key.name} does not verify",
-                reason="bad_signature",
-            ) from None
-        return
-    raise IntegrityFailure(
-        f"the key rotation has no signature by its old key {key.name}", reason="no_signature"
-    )
+    try:
+        parsed = SignedNote.parse(note, field="statement")
+    except InvalidInput:
+        raise IntegrityFailure("the key rotation is not signed", reason="no_signature") from None
+    if not note_signers(parsed, [key]):
+        raise IntegrityFailure(
+            f"the key rotation has no signature by its old key {key.name}",
+            reason="no_signature",
+        )
 
 
 @dataclass(frozen=True)

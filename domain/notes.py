@@ -446,16 +446,10 @@ def verify_cosignatures(
     return valid
 
 
-def verify_log_signatures(
-    note: str, keys: Iterable[VerifierKey], *, field: str = "checkpoint"
-) -> tuple[Checkpoint, list[VerifierKey]]:
-    """The checkpoint of ``note`` and the log keys among ``keys`` that validly signed it.
-
-    Lines by other keys are ignored; a line naming one of ``keys`` (name and key id)
-    whose signature does not verify is INTEGRITY ``bad_signature``; no valid signature by
-    any of ``keys`` is INTEGRITY ``no_signature`` (signed-note "Signatures")."""
-    parsed = SignedNote.parse(note, field=field)
-    checkpoint = Checkpoint.parse(parsed.text, field=field)
+def note_signers(parsed: SignedNote, keys: Iterable[VerifierKey]) -> list[VerifierKey]:
+    """The keys among ``keys`` that validly signed ``parsed``, in line order. Lines by
+    other keys are ignored; a line naming one of ``keys`` (name and key id) whose
+    signature does not verify is INTEGRITY ``bad_signature``."""
     pinned = {(k.name, key_id(k.name, k.public)): k for k in keys}
     valid: list[VerifierKey] = []
     for signature in parsed.signatures:
@@ -472,8 +466,23 @@ def verify_log_signatures(
             ) from None
         if key not in valid:
             valid.append(key)
+    return valid
+
+
+def verify_log_signatures(
+    note: str, keys: Iterable[VerifierKey], *, field: str = "checkpoint"
+) -> tuple[Checkpoint, list[VerifierKey]]:
+    """The checkpoint of ``note`` and the log keys among ``keys`` that validly signed it.
+
+    Lines by other keys are ignored; a line naming one of ``keys`` (name and key id)
+    whose signature does not verify is INTEGRITY ``bad_signature``; no valid signature by
+    any of ``keys`` is INTEGRITY ``no_signature`` (signed-note "Signatures")."""
+    parsed = SignedNote.parse(note, field=field)
+    checkpoint = Checkpoint.parse(parsed.text, field=field)
+    pinned = list(keys)
+    valid = note_signers(parsed, pinned)
     if not valid:
-        names = sorted({k.name for k in pinned.values()})
+        names = sorted({k.name for k in pinned})
         raise IntegrityFailure(
             f"the checkpoint has no signature by a pinned log key ({', '.join(names)})",
             reason="no_signature",
