@@ -313,7 +313,16 @@ def verify_bundle(
     return _forward(accepted, current, parsed.consistency)
 
 
-def _checkpoint(note: str, policy: TrustPolicy) -> Checkpoint:
+def witnessed(note: str, policy: TrustPolicy) -> tuple[Checkpoint, list[int]]:
+    """Steps 1 and 2 alone, for an auditor's note of either log the policy names (the
+    catalog log, or the main log: ``main_log_origin``): its checkpoint, signed by a pinned
+    log key, and the newest cosignature time of each of at least ``threshold`` pinned
+    witnesses, newest first (``catalog-ledger audit verify-proof --policy``)."""
+    origins = (policy.origin, main_log_origin(policy.origin))
+    return _checkpoint(note, policy, origins), _cosigned(note, policy)
+
+
+def _checkpoint(note: str, policy: TrustPolicy, origins: tuple[str, ...] = ()) -> Checkpoint:
     """Step 1, after the note's shape (``malformed_proof`` first, LOG-FORMAT "Verifying a
     bundle"). A note with no blank line has no signatures: ``no_signature`` once its
     origin is checked."""
@@ -328,7 +337,7 @@ def _checkpoint(note: str, policy: TrustPolicy) -> Checkpoint:
         checkpoint = Checkpoint.parse(text, field="$.proof.checkpoint")
     except InvalidInput as exc:
         raise _malformed(exc.message, "$.proof.checkpoint") from None
-    if checkpoint.origin != policy.origin:
+    if checkpoint.origin not in (origins or (policy.origin,)):
         raise IntegrityFailure(
             f"the checkpoint's origin is {checkpoint.origin!r}, not the pinned {policy.origin!r}",
             reason="wrong_origin",

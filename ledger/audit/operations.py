@@ -92,15 +92,27 @@ def keygen(name: str, out: Path) -> KeygenResult:
     return {"signer_key_file": str(out), "verifier_key": key.verifier.text()}
 
 
-def check_proof(file: Path, checkpoint_file: Path, key: str | None = None) -> ProofCheck:
-    """Verify a proof file offline against a (signed) checkpoint; no store needed."""
+def check_proof(
+    file: Path, checkpoint_file: Path, key: str | None = None, policy: Path | None = None
+) -> ProofCheck:
+    """Verify a proof file offline against a (signed) checkpoint; no store needed. With
+    ``policy`` (a runtime's trust policy, R29) the checkpoint must be signed by one of its
+    log keys and cosigned by its threshold of witnesses, as a runtime requires."""
     from domain.canonical import parse_json
     from domain.notes import Checkpoint
     from ledger.audit.proofs import verify_proof
 
+    if key is not None and policy is not None:
+        raise UsageError("give --key or --policy, not both")
     note = read_text(checkpoint_file, "checkpoint")
     verifier = verifier_key(key)
-    cp = verifier.verify(note) if verifier else Checkpoint.parse(note)
+    if policy is not None:
+        from domain.bundle import TrustPolicy, witnessed
+
+        trust = TrustPolicy.parse(parse_json(read_text(policy, "policy"), source=str(policy)))
+        cp = witnessed(note, trust)[0]
+    else:
+        cp = verifier.verify(note) if verifier else Checkpoint.parse(note)
     document = parse_json(read_text(file, "file"), source=str(file))
     if not isinstance(document, dict):
         raise InvalidInput(f"{file} is not a proof document", field="file")

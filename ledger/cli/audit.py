@@ -224,12 +224,21 @@ def audit_prove(
     metavar="PUBKEY",
     help="Verifier key (file or text): the checkpoint must be signed by it.",
 )
+@click.option(
+    "--policy",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Trust policy (JSON, R29): the checkpoint must be signed by one of its log keys "
+    "and cosigned by its threshold of witnesses.",
+)
 @json_option
-def audit_verify_proof(file: Path, checkpoint_file: Path, key: str | None, as_json: bool) -> None:
+def audit_verify_proof(
+    file: Path, checkpoint_file: Path, key: str | None, policy: Path | None, as_json: bool
+) -> None:
     """Verify a proof offline against a checkpoint (no database needed)."""
     from ledger.api import check_proof
 
-    result = check_proof(file, checkpoint_file, key)
+    result = check_proof(file, checkpoint_file, key, policy)
     size = result.get("size", result.get("size2"))
     emit(as_json, result, lambda: click.echo(f"ok: {result['type']} proof verifies at size {size}"))
 

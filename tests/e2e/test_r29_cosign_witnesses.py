@@ -78,6 +78,12 @@ def witnessed(world: World, tmp_path: Path) -> Iterator[tuple[World, list[Witnes
             assert "Traceback" not in err, err
 
 
+def _stored(world: World) -> list[dict[str, str]]:
+    with world.db.read() as conn:
+        rows = conn.exec_driver_sql("SELECT origin, note FROM ledger_checkpoint").all()
+    return [{"origin": bytes(o).decode(), "note": bytes(n).decode()} for o, n in rows]
+
+
 def stored_note(world: World) -> str | None:
     with world.db.read() as conn:
         rows = conn.exec_driver_sql("SELECT origin, note FROM ledger_checkpoint").all()
@@ -115,6 +121,23 @@ def test_r29_cosign_with_real_witnesses_feeds_the_proof_bundle(
             1, 2, [base64.b64decode(h) for h in answer["proof"]["consistency"]["proof"]],
             root1, base64.b64decode(second["root"]),
         )  # fmt: skip
+    # An auditor holds a proof to the runtime's policy (audit verify-proof --policy): the
+    # stored note passes; the same note without its cosignatures does not.
+    proof_file, note_file = world.tmp / "proof.json", world.tmp / "note"
+    code, document = cli_json("--db", world.url, "audit", "prove", "--from-size", "1")
+    assert code == 0, document
+    proof_file.write_text(json.dumps(document), encoding="utf-8")
+    (main_note,) = [x["note"] for x in _stored(world) if not x["origin"].endswith("/catalog")]
+    note_file.write_text(main_note, encoding="utf-8")
+    check = ("audit", "verify-proof", str(proof_file), "--checkpoint", str(note_file))
+    code, ok = cli_json(*check, "--policy", str(policy))
+    assert (code, ok["type"]) == (0, "consistency"), ok
+    body, lines = main_note.split("\n\n")
+    (signature,) = [x for x in lines.splitlines() if x.split(" ")[1] == "log"]
+    bare = f"{body}\n\n{signature}\n"  # the log's signature, no cosignature
+    note_file.write_text(bare, encoding="utf-8")
+    code, refused = cli_json(*check, "--policy", str(policy))
+    assert (code, refused["details"]["reason"]) == (6, "too_few_cosignatures"), refused
     # One witness down: two still cosign (k = 2), the failed one is named.
     group[0].stop()
     code, third = cli_json(*cosign)
