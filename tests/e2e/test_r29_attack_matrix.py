@@ -1,15 +1,17 @@
 """R29's attack matrix, end to end: what a runtime with a trust policy refuses.
 
-One scenario per engine, every party real: three ``catalog-ledger witness serve``
-processes on loopback (k = 2), the collector (``catalog-ledger cosign``), ``catalog-ledger
-serve`` as a child process, the runtime client (``CatalogClient(trust=...,
-state_file=...)``) and, for the hostile cases, a proxy that rewrites bodies on the way
-(``TamperingProxy``) or a server whose store the attacker controls. Each case names
-what refused it; after each refusal the client kept nothing and its state file did not
-move.
+One scenario per engine (the restored backup on the same engine), every party real:
+three ``catalog-ledger witness serve`` processes on loopback (k = 2), the collector
+(``catalog-ledger cosign``), ``catalog-ledger serve`` as a child process, the runtime
+client (``CatalogClient(trust=..., state_file=...)``) and, for the hostile cases, a proxy
+that rewrites bodies on the way (``TamperingProxy``) or a server whose store the attacker
+controls. Each case names what refused it; after each refusal the client kept nothing
+and its state file did not move.
 
 | attack | refused by |
 | --- | --- |
+| a newer head without the consistency proof from the accepted one | ``missing_consistency`` |
+| a newer head with another tree's consistency proof | ``inconsistent_tree`` |
 | a fact edited on the way (digests left) | the fact digest (INTEGRITY ``bad_fact_digest``) |
 | a fact edited and every digest recomputed | the audience map proof (``bad_audience_proof``) |
 | another audience's view, as it is | the audience the body names (INTEGRITY at ``$.audience``) |
@@ -167,6 +169,19 @@ def _refacted(
     return body
 
 
+def _without_consistency(body: dict[str, Any]) -> dict[str, Any]:
+    assert body["proof"]["consistency"]["from_size"] == 1  # the client asked since_size=1
+    del body["proof"]["consistency"]
+    return body
+
+
+def _bent_consistency(body: dict[str, Any]) -> dict[str, Any]:
+    """The consistency proof of another tree: a forked history's, to the client."""
+    proof = body["proof"]["consistency"]["proof"]
+    proof[0] = base64.b64encode(bytes(32)).decode()
+    return body
+
+
 def _edited(body: dict[str, Any]) -> dict[str, Any]:
     body["facts"][0]["payload"] = {"endpoint": "https://attacker.example"}
     return body
@@ -186,16 +201,25 @@ def _as_b(scene: Scene, base: str) -> Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def test_r29_attack_matrix_every_forged_stale_rolled_back_frozen_split_or_other_audience_read_is_refused(  # noqa: E501
-    scene: Scene,
+    scene: Scene, sibling_url: str
 ) -> None:
     url = scene.world.url
     assert scene.cosign(url)[0] == 0
     backup = scene.tmp / "backup.jsonl"  # an older backup: revision 1, cosigned
     assert cli("--db", url, "export", "--jsonl", "--out", str(backup)).code == 0
+    honest = scene.serve(url)
+    with scene.client(honest.base) as client:
+        assert client.view(A).revision == 1
     publish(scene.world, 2)
     code, cosigned = scene.cosign(url)
     assert code == 0 and cosigned["size"] == 2, cosigned
-    honest = scene.serve(url)
+
+    # Moving from the accepted size 1 to 2 needs the consistency proof from 1.
+    with TamperingProxy(honest.base) as proxy:
+        proxy.rewrite = _without_consistency
+        assert scene.refused(proxy.base, IntegrityFailure)["reason"] == "missing_consistency"
+        proxy.rewrite = _bent_consistency
+        assert scene.refused(proxy.base, IntegrityFailure)["reason"] == "inconsistent_tree"
     with scene.client(honest.base) as client:
         assert client.view(A).revision == 2
     assert json.loads(scene.state.read_text())["size"] == 2
@@ -216,8 +240,9 @@ def test_r29_attack_matrix_every_forged_stale_rolled_back_frozen_split_or_other_
     frozen = scene.refused(honest.base, Stale, later=MAX_AGE + 60)
     assert frozen["axis"] == "freshness"
 
-    # Rollback: the older backup restored and served (a lagging replica looks the same).
-    other_url = f"sqlite:///{scene.tmp / 'restored.db'}"
+    # Rollback: the older backup restored (on the same engine) and served (a lagging
+    # replica looks the same).
+    other_url = sibling_url
     assert cli_json("--db", other_url, "init")[0] == 0
     code, doc = cli_json("--db", other_url, "import", "--jsonl", str(backup), "--workers", "1")
     assert code == 0, doc
