@@ -22,6 +22,10 @@ and its state file did not move.
 |   kept): nothing is cosigned, the server answers ``checkpoint_pending`` | |
 | the fork's head signed by the log key with the honest cosignatures copied | ``bad_cosignature`` |
 | the fork's head signed by the log key alone | ``too_few_cosignatures`` |
+
+And the log key rotates: ``audit rotate-key``, then ``cosign`` signing with both keys has
+the real witnesses cosign the main log's checkpoint covering the rotation; the client
+pinned to the old key learns the new one from the log and keeps it across a restart.
 """
 
 from __future__ import annotations
@@ -285,6 +289,32 @@ def test_r29_attack_matrix_every_forged_stale_rolled_back_frozen_split_or_other_
     # The honest server still proves its head to the same client, which moves on.
     with scene.client(honest.base) as client:
         assert client.view(A).revision == 2
+
+    # A key rotation, witnessed by the real witnesses (item 6): the client pinned to the
+    # old key learns the new one from the log, and keeps it in its state file.
+    new_key = scene.tmp / "new.key"
+    assert cli_json("audit", "keygen", "log-2", "--out", str(new_key))[0] == 0
+    code, rotated = cli_json(
+        "--db", url, "audit", "rotate-key", "--old", str(scene.key),
+        "--new", str(new_key), "--overlap", "3600",
+    )  # fmt: skip
+    assert code == 0, rotated
+    new = SignerKey.parse(new_key.read_text()).verifier
+    overlap = scene.tmp / "overlap-policy.json"  # the collector's: both keys sign
+    document = json.loads(scene.policy.read_text())
+    overlap.write_text(json.dumps({**document, "log_keys": [*document["log_keys"], new.text()]}))
+    code, both = cli_json(
+        "--db", url, "cosign", "--sign", str(scene.key), "--sign", str(new_key),
+        "--policy", str(overlap),
+    )  # fmt: skip
+    assert code == 0 and both["size"] == 2, both
+    with scene.client(honest.base) as client:
+        assert new not in [k.key for k in client.log_keys]
+        client.refresh_keys()
+        assert new in [k.key for k in client.log_keys]
+        assert client.view(A).revision == 2
+    with scene.client(honest.base) as again:  # a restarted runtime remembers it
+        assert new in [k.key for k in again.log_keys]
 
 
 def _root(scene: Scene, url: str) -> bytes:
