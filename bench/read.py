@@ -17,7 +17,12 @@ catalog-log checkpoint stored as `catalog-ledger cosign` stores it (signed by a 
 log key, cosigned by three fresh witness keys). ``--http-workers`` client threads, each
 with its own keep-alive connection, read random audiences' views (``--http-audiences``):
 plain, then with ``?proof=1``, in alternating blocks after a warm-up that reads every
-audience both ways once (the steady state: verified views and bundles cached). Prints
+audience both ways once (the steady state: verified views and bundles cached). The
+proven reads send ``since_size`` as a client that accepted an earlier head does
+(``?proof=1&since_size=N``, N the checkpoint's size minus 1, or the size itself for a
+log of one revision), so each answer carries the ``consistency`` member too. The catalog
+here is published once: N is the size, and the member's proof is empty (its bytes and
+its cache lookup are measured, not a longer proof; those are cached the same way). Prints
 the p50/p99 of each and the proven/plain ratio of the medians of block p99s (issue 28:
 at most 2).
 
@@ -174,9 +179,10 @@ def measure(label: str, url: str, folder: Path, args: argparse.Namespace) -> Non
     proven_reads(url, audiences[: args.http_audiences], engine, args)
 
 
-def store_cosigned_checkpoint(url: str) -> None:
+def store_cosigned_checkpoint(url: str) -> int:
     """What one `catalog-ledger cosign` run stores, with three in-process witnesses
-    (C2SP tlog-cosignature ``cosignature/v1``) and a fresh log key."""
+    (C2SP tlog-cosignature ``cosignature/v1``) and a fresh log key; the catalog log's
+    size it cosigned."""
     from domain.notes import Checkpoint, SignerKey, WitnessSigner
     from ledger.api import Store, catalog_origin
     from ledger.audit.cosign import CosignPolicy, Witness, cosign
@@ -191,8 +197,9 @@ def store_cosigned_checkpoint(url: str) -> None:
     with Store(url) as store:
         origin = catalog_origin(store.ledger)
         policy = CosignPolicy(origin, (signer.verifier,), witnesses, 2, 3600)
-        cosign(store.ledger, origin=origin, signer=signer, policy=policy,
-               add_checkpoint=add_checkpoint)  # fmt: skip
+        result = cosign(store.ledger, origin=origin, signer=signer, policy=policy,
+                        add_checkpoint=add_checkpoint)  # fmt: skip
+    return result["size"]
 
 
 def proven_reads(url: str, audiences: list[str], engine: str, args: argparse.Namespace) -> None:
@@ -204,7 +211,9 @@ def proven_reads(url: str, audiences: list[str], engine: str, args: argparse.Nam
 
     from bench.common import free_port, wait_http
 
-    store_cosigned_checkpoint(url)
+    size = store_cosigned_checkpoint(url)
+    # What a client that accepted an earlier head asks (module docstring).
+    proven = {"proof": "1", "since_size": str(size - 1 if size > 1 else size)}
     port = free_port()
     command = [CLI, "--db", url, "serve", "--no-auth", "--port", str(port),
                "--log-level", "warning"]  # fmt: skip
@@ -215,7 +224,7 @@ def proven_reads(url: str, audiences: list[str], engine: str, args: argparse.Nam
         wait_http(base)
         clients = [httpx.Client(base_url=base, timeout=30) for _ in range(args.http_workers)]
         for path in paths:  # warm-up: every audience both ways (the steady state)
-            for params in ({}, {"proof": "1"}):
+            for params in ({}, proven):
                 answer = clients[0].get(path, params=params)
                 if answer.status_code != 200:
                     raise SystemExit(f"{path} {params}: {answer.status_code} {answer.text}")
@@ -245,7 +254,7 @@ def proven_reads(url: str, audiences: list[str], engine: str, args: argparse.Nam
                 t.join()
             return out
 
-        peers = {"plain": {}, "proven": {"proof": "1"}}
+        peers = {"plain": {}, "proven": proven}
         samples: dict[str, list[float]] = {name: [] for name in peers}
         p99s: dict[str, list[float]] = {name: [] for name in peers}
         for _ in range(args.repeat):  # alternating blocks: plain, proven, plain, ...
@@ -260,16 +269,17 @@ def proven_reads(url: str, audiences: list[str], engine: str, args: argparse.Nam
         server.wait(timeout=30)
     plain_p99, proven_p99 = (statistics.median(p99s[n]) * 1000 for n in peers)
     print(f"  HTTP, {args.http_workers} client threads, one serve worker, "
-          f"{len(paths)} audiences:")  # fmt: skip
+          f"{len(paths)} audiences, proven with since_size={proven['since_size']} "
+          f"(checkpoint size {size}):")  # fmt: skip
     report("HTTP plain view", samples["plain"], sum(samples["plain"]))
-    report("HTTP proven view (?proof=1)", samples["proven"], sum(samples["proven"]))
+    report("HTTP proven view (+since_size)", samples["proven"], sum(samples["proven"]))
     print(
         f"  ratio proven p99 / plain p99       {proven_p99 / plain_p99:7.2f}  "
         "(median of block p99s)"
     )
     summary(
         bench="read",
-        figure="proven read p99 (?proof=1)",
+        figure="proven read p99 (?proof=1&since_size)",
         engine=engine,
         workers=args.http_workers,
         value=proven_p99,

@@ -36,7 +36,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from domain.bundle import TrustPolicy, main_log_origin
 from domain.errors import Conflict, IntegrityFailure, InvalidInput, LedgerError, Unavailable
@@ -312,9 +312,3 @@ def _submit(
 
 def _proof(consistency: Callable[[int, int], list[bytes]], old: int, size: int) -> list[bytes]:
     return consistency(old, size) if 0 < old < size else []
-
-
-def policy_document(text: str, source: str) -> Any:
-    from domain.canonical import parse_json
-
-    return parse_json(text, source=source)

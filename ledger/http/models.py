@@ -42,8 +42,9 @@ class Fact(BaseModel):
     fact_digest: str
 
 
-class RevisionEvent(BaseModel):
-    """The revision's ``catalog.published`` event as stored (its bytes give its id)."""
+class StoredEvent(BaseModel):
+    """An event as stored in the main log (its bytes give its id, LOG-FORMAT "Event id"):
+    a revision's ``catalog.published``, a ``log_key.rotated``."""
 
     aggregate_id: str
     version: int
@@ -63,7 +64,7 @@ class Proof(BaseModel):
     #: The catalog log's checkpoint note: body, blank line, the log's signature line,
     #: the witnesses' cosignature lines (C2SP signed-note, tlog-cosignature).
     checkpoint: str
-    revision_event: RevisionEvent
+    revision_event: StoredEvent
     #: RFC 9162 inclusion proof of leaf ``revision - 1`` (base64 hashes).
     inclusion: list[str]
     #: The audience map proof of the audience's leaf: sibling hashes from the root down.
@@ -75,7 +76,7 @@ class Proof(BaseModel):
 class Rotation(BaseModel):
     """A ``log_key.rotated`` event as stored, and its place in the main log."""
 
-    event: RevisionEvent
+    event: StoredEvent
     #: Its leaf index in the main log (its position minus 1).
     leaf_index: int
     #: RFC 9162 inclusion proof of that leaf under ``checkpoint``'s tree (base64 hashes).
@@ -153,7 +154,9 @@ _PROOF_DOC = (
 )
 _SINCE_DOC = (
     "With proof=1: the catalog log size the client last accepted; adds the consistency "
-    "proof from it (at most the checkpoint's size, else 400 INVALID)."
+    "proof (`consistency`) from it to the checkpoint's size. Beyond that size (a lagging "
+    "server) `consistency` is omitted: the bundle proves the smaller head, which the "
+    "client answers STALE (axis `checkpoint`)."
 )
 _INM_DOC = (
     'ETags seen (`W/"<audience digest>"`) or `*`: 304 when the audience\'s content is '
@@ -191,13 +194,36 @@ AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     },
     **ERRORS,
 }
-#: The view's answers: the credential route's, 304 and 503.
+#: The view's answers: the credential route's, 304 and 503, and the proof bundle's
+#: refusals (LOG-FORMAT "Proof bundle", ``ledger.http.proofs``).
 VIEW_RESPONSES: dict[int | str, dict[str, Any]] = {
     304: {"description": "Not modified: the audience's content is unchanged"},
     **AUTH_ERRORS,
+    500: {
+        "model": ErrorBody,
+        "description": "INTEGRITY (with proof=1 also: "
+        "`checkpoint_mismatch` naming the table `ledger_checkpoint`, `bad_audience_map` "
+        "naming the table `view_audience_map`)",
+    },
     503: {
         "model": ErrorBody,
         "description": "UNAVAILABLE (too many waiters: `Retry-After`; the store is "
-        "unreachable; with proof=1: `checkpoint_pending`, `unprovable_revision`)",
+        "unreachable; with proof=1: `checkpoint_pending`, `unprovable_revision`, "
+        "`audience_map_unavailable`)",
+    },
+}
+#: ``GET /v1/log/rotations``'s answers (``ledger.audit.rotation_proofs``).
+ROTATIONS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **AUTH_ERRORS,
+    500: {
+        "model": ErrorBody,
+        "description": "INTEGRITY (`checkpoint_mismatch` naming the table `ledger_checkpoint`: "
+        "the stored main-log note is not the main log's; a stored event that does not give "
+        "its event id)",
+    },
+    503: {
+        "model": ErrorBody,
+        "description": "UNAVAILABLE (the store is unreachable; `checkpoint_pending`: no "
+        "stored cosigned main-log checkpoint covers the last rotation yet)",
     },
 }

@@ -2,8 +2,10 @@
 under the stored cosigned main-log checkpoint (``ledger.audit.rotation_proofs``), for a
 runtime client to learn the log's new signing key from the log, as k witnesses saw it.
 
-Authenticated like the head (any valid credential, R26). The body is rebuilt only when
-the stored main-log note changes (one primary-key read per request otherwise).
+Authenticated like the head (any valid credential, R26). The body is cached by (the
+stored main-log note, the log's head position): it is rebuilt when either changes (any
+append moves the head, a new rotation among them); otherwise a request costs only indexed
+reads (the log's origin, the stored note's row, the head row).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import Response
 
 from ledger.http.caller import authenticated
-from ledger.http.models import AUTH_ERRORS, Rotations
+from ledger.http.models import ROTATIONS_RESPONSES, Rotations
 from ledger.http.state import ServiceState
 
 
@@ -45,7 +47,7 @@ def add_rotation_routes(app: FastAPI, state: ServiceState) -> None:
     @app.get(
         "/v1/log/rotations",
         response_model=Rotations,
-        responses=AUTH_ERRORS,
+        responses=ROTATIONS_RESPONSES,
         dependencies=[Depends(authenticated)],  # any valid credential (R26)
     )
     async def rotations() -> Response:
