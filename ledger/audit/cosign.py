@@ -268,10 +268,14 @@ def _cosign_one(
             origin=origin,
         )
     note = add_cosignatures(signed, lines)
-    store_checkpoint(
-        ledger.db,
-        StoredCheckpoint(origin, size, checkpoint.root, note, int(clock() * 1_000_000)),
-    )
+    try:
+        store_checkpoint(
+            ledger.db,
+            StoredCheckpoint(origin, size, checkpoint.root, note, int(clock() * 1_000_000)),
+        )
+    except Conflict as lost:  # an overlapping run stored a larger tree: keep it
+        LOG.error(f"{what} checkpoint not stored: {lost.message}", extra=lost.details)
+        raise
     LOG.info(
         f"{what} checkpoint cosigned and stored",
         extra={"origin": origin, "size": size, "cosigned": len(cosigned), "failed": sorted(failed)},

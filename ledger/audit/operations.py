@@ -217,9 +217,9 @@ def cosign(
     signer, *also = (SignerKey.parse(read_text(f, "sign"), field="sign") for f in files)
     document = parse_json(read_text(policy, "policy"), source=str(policy))
     parsed = parse_policy(document)
-    name_log(ledger)  # the signed origin is a log fact, carried by export (R29)
     origin = catalog_origin(origin_of(ledger))
-    check_policy(parsed, origin, signer, also)
+    check_policy(parsed, origin, signer, also)  # before anything is appended
+    name_log(ledger)  # the signed origin is a log fact, carried by export (R29)
     return collect(
         ledger,
         origin=origin,
