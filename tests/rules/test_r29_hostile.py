@@ -9,6 +9,7 @@ app and SQLite file through Starlette's test client, the collector's line filter
 from __future__ import annotations
 
 import base64
+import hashlib
 import sqlite3
 import threading
 from collections.abc import MutableMapping
@@ -270,6 +271,33 @@ def test_r29_witness_file_rewound_under_a_running_witness_is_refused(tmp_path: P
     assert "edited or replaced" in answer.text
     with sqlite3.connect(tmp_path / "w.db") as db:
         assert db.execute("SELECT count(*) FROM cosigned").fetchone() == (0,)
+
+
+def test_r29_witness_file_corrupt_or_hand_edited_is_503_not_a_traceback(tmp_path: Path) -> None:
+    """A witness file that is no SQLite database (InvalidInput from the connection) was a
+    500 and a traceback on both routes; a ``cosigned.root`` hand-edited to TEXT reached
+    the consistency check as a str (TypeError, 500) in a restarted witness. Now 503 with
+    a message: the file's trouble, or the table's row at fault."""
+    path = tmp_path / "w.db"
+    _, client = _witness(path)
+    assert client.post("/add-checkpoint", content=request_body(_note(1), 0, [])).status_code == 200
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE cosigned SET root = 'not a hash'")
+    _, restarted = _witness(path)
+    proof = merkle.consistency_proof(LEAVES[:2], 1, 2)
+    answer = restarted.post("/add-checkpoint", content=request_body(_note(2), 1, proof))
+    assert answer.status_code == 503 and "table cosigned" in answer.text, answer.text
+    origin_hash = hashlib.sha256(ORIGIN.encode()).hexdigest()  # tlog-witness's path
+    got = restarted.get(f"/{origin_hash}/checkpoint")
+    assert got.status_code == 503 and "table cosigned" in got.text, got.text
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.write_bytes(b"not a database" * 512)
+    for answer in (
+        client.post("/add-checkpoint", content=request_body(_note(2), 1, proof)),
+        client.get(f"/{origin_hash}/checkpoint"),
+    ):
+        assert answer.status_code == 503 and "not a witness file" in answer.text, answer.text
 
 
 def test_r29_concurrent_fork_requests_get_one_root_cosigned(tmp_path: Path) -> None:
