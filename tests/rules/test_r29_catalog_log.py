@@ -288,6 +288,32 @@ def test_r29_a_revision_row_gone_is_integrity_naming_it(world: World) -> None:
     }
 
 
+def test_r29_a_bundle_the_log_no_longer_reaches_is_checkpoint_pending(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ProofService.body`` asserted that the log reached the checkpoint's size after
+    its build (``python -O`` strips that; a concurrent refresh that starts the log again
+    breaks it): an AssertionError, a 500. Now UNAVAILABLE ``checkpoint_pending``."""
+    from domain.served import AudienceView
+    from ledger.http.proofs import ProofService
+
+    publish(world, 1)
+    witnesses, key, policy = collector(world, tmp_path, [1_700_000_000])
+    with open_store(world.url) as store:
+        store.cosign(
+            sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint, clock=witnesses.clock
+        )
+        found = store.view("integration:a")
+        assert isinstance(found, AudienceView)
+        proofs = ProofService(store.ledger, lambda: catalog_checkpoint(world)["origin"])
+        stored = proofs.stored()
+        assert b'"consistency"' in proofs.body(found, stored, 1)
+        monkeypatch.setattr(proofs, "_consistency_member", lambda stored, since: None)
+        with pytest.raises(Unavailable) as pending:
+            proofs.body(found, stored, 1)
+    assert pending.value.details["reason"] == "checkpoint_pending"
+
+
 def _other_key() -> str:
     return SignerKey.generate("other").verifier.text()
 
