@@ -55,6 +55,7 @@ from domain.notes import (
     verify_log_signatures,
     witnessed_times,
 )
+from domain.origin import main_log_origin
 from domain.served import AudienceView
 
 #: The proof bundle format this module reads (``proof.format``).
@@ -157,22 +158,6 @@ class TrustPolicy:
 
 
 _POLICY_FIELDS = frozenset({"origin", "log_keys", "witnesses", "threshold", "max_age_seconds"})
-#: A catalog log's origin is its main log's followed by this (LOG-FORMAT "Catalog log").
-CATALOG_SUFFIX = "/catalog"
-
-
-def main_log_origin(catalog_origin: str) -> str:
-    """The main log's origin from its catalog log's (the policy's ``origin``): the main
-    log's checkpoint covers the log's key rotations. INVALID naming ``origin`` otherwise."""
-    if not catalog_origin.endswith(CATALOG_SUFFIX) or catalog_origin == CATALOG_SUFFIX:
-        raise InvalidInput(
-            f"the origin {catalog_origin!r} is not a catalog log's (...{CATALOG_SUFFIX}): no "
-            "main log to learn key rotations from",
-            field="origin",
-        )
-    return catalog_origin.removesuffix(CATALOG_SUFFIX)
-
-
 # ------------------------------------------------------------------------ the kept state
 
 

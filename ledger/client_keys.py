@@ -33,10 +33,11 @@ from typing import Any
 
 import orjson
 
-from domain.bundle import STATE_FORMAT, Accepted, TrustPolicy, bad_state, main_log_origin
+from domain.bundle import STATE_FORMAT, Accepted, TrustPolicy, bad_state
 from domain.errors import IntegrityFailure, InvalidInput, Stale, Unavailable
 from domain.key_rotation import PinnedKey, learn_rotations
 from domain.notes import SignedNote, VerifierKey, key_id
+from domain.origin import main_log_origin
 
 
 def load_trust(path: str | Path) -> TrustPolicy:

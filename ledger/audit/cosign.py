@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from domain.bundle import TrustPolicy, main_log_origin
+from domain.bundle import TrustPolicy
 from domain.errors import Conflict, IntegrityFailure, InvalidInput, LedgerError, Unavailable
 from domain.merkle import EMPTY_ROOT, consistency_proof_from
 from domain.notes import (
@@ -49,6 +49,7 @@ from domain.notes import (
     WitnessKey,
     add_cosignatures,
 )
+from domain.origin import main_log_origin
 from ledger.audit.proofs import MerkleLog
 from ledger.store.catalog_log import (
     CatalogLog,

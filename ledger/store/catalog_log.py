@@ -34,19 +34,11 @@ from domain.catalog import catalog_id
 from domain.digests import event_id
 from domain.errors import Conflict, IntegrityFailure, InvalidInput
 from domain.event_types import EVENT_TYPES, T_PUBLISHED, UnknownEventType, decode_state
-from domain.notes import Checkpoint
+from domain.notes import Checkpoint, NoteSignature, cosignature_timestamp
 from ledger.log import tables as schema
 from ledger.log.db import Database
 from ledger.log.sqltypes import dec, enc
 from projections.queries.publication import BadNode, map_fetch
-
-#: The catalog log's origin is the main log's followed by this (LOG-FORMAT).
-ORIGIN_SUFFIX = "/catalog"
-
-
-def catalog_origin(main_origin: str) -> str:
-    """The catalog log's checkpoint origin from the main log's."""
-    return main_origin + ORIGIN_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -352,7 +344,7 @@ def store_checkpoint(db: Database, found: StoredCheckpoint) -> None:
             return
     raise Conflict(
         f"the stored checkpoint of {found.origin!r} is of size {kept[0]} (another cosign "
-        f"run stored it): size {found.size} "
+        f"run stored it, or the row was edited): size {found.size} "
         + ("would move it back" if kept[0] > found.size else "has another root")
         + "; nothing stored",
         origin=found.origin,
@@ -362,21 +354,14 @@ def store_checkpoint(db: Database, found: StoredCheckpoint) -> None:
 
 
 def cosignature_times(note: str) -> list[int]:
-    """The timestamps of the note's ``cosignature/v1`` lines (76-byte signatures: key id,
-    8-byte big-endian time, Ed25519), newest first. Not verified (the store holds no
-    witness keys): for the operator's gauge only, never for a client's freshness."""
-    import base64
-    import binascii
-
+    """The timestamps of the note's ``cosignature/v1`` lines (``domain.notes``: a
+    signature line whose signature is a timestamp and an Ed25519 signature), newest
+    first. Not verified (the store holds no witness keys): for the operator's gauge only,
+    never for a client's freshness."""
     times = []
-    for line in note.partition("\n\n")[2].splitlines():
-        parts = line.split(" ")
-        if len(parts) != 3 or parts[0] != "\u2014":
-            continue
+    for line in note.rpartition("\n\n")[2].splitlines():
         try:
-            raw = base64.b64decode(parts[2], validate=True)
-        except (binascii.Error, ValueError):
+            times.append(cosignature_timestamp(NoteSignature.parse_line(line)))
+        except (InvalidInput, IntegrityFailure):  # the log's own signature, or no line
             continue
-        if len(raw) == 76:
-            times.append(int.from_bytes(raw[4:12], "big"))
     return sorted(times, reverse=True)
