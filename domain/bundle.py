@@ -52,9 +52,10 @@ from domain.notes import (
     SignedNote,
     VerifierKey,
     WitnessKey,
-    verify_cosignatures,
     verify_log_signatures,
+    witnessed_times,
 )
+from domain.origin import main_log_origin
 from domain.served import AudienceView
 
 #: The proof bundle format this module reads (``proof.format``).
@@ -157,22 +158,6 @@ class TrustPolicy:
 
 
 _POLICY_FIELDS = frozenset({"origin", "log_keys", "witnesses", "threshold", "max_age_seconds"})
-#: A catalog log's origin is its main log's followed by this (LOG-FORMAT "Catalog log").
-CATALOG_SUFFIX = "/catalog"
-
-
-def main_log_origin(catalog_origin: str) -> str:
-    """The main log's origin from its catalog log's (the policy's ``origin``): the main
-    log's checkpoint covers the log's key rotations. INVALID naming ``origin`` otherwise."""
-    if not catalog_origin.endswith(CATALOG_SUFFIX) or catalog_origin == CATALOG_SUFFIX:
-        raise InvalidInput(
-            f"the origin {catalog_origin!r} is not a catalog log's (...{CATALOG_SUFFIX}): no "
-            "main log to learn key rotations from",
-            field="origin",
-        )
-    return catalog_origin.removesuffix(CATALOG_SUFFIX)
-
-
 # ------------------------------------------------------------------------ the kept state
 
 
@@ -202,23 +187,23 @@ class Accepted:
         starting afresh would accept any head, a rollback included (whoever re-pins on
         purpose removes the state)."""
         if not isinstance(document, dict) or document.get("format") != STATE_FORMAT:
-            raise _bad_state(f"not a client state of format {STATE_FORMAT}", "$")
+            raise bad_state(f"not a client state of format {STATE_FORMAT}", "$")
         if document.get("origin") != origin:
-            raise _bad_state(
+            raise bad_state(
                 f"kept for {document.get('origin')!r}, not the pinned origin {origin!r}",
                 "origin",
             )
         size, root, revision = (document.get(k) for k in ("size", "root", "revision"))
         if type(size) is not int or size < 1:
-            raise _bad_state("size is not a positive integer", "size")
+            raise bad_state("size is not a positive integer", "size")
         if type(revision) is not int or revision != size:
-            raise _bad_state("revision is not the size (the catalog log's last leaf)", "revision")
+            raise bad_state("revision is not the size (the catalog log's last leaf)", "revision")
         try:
             raw = base64.b64decode(root, validate=True) if isinstance(root, str) else b""
         except binascii.Error:
             raw = b""
         if len(raw) != 32:
-            raise _bad_state("root is not a base64 32-byte hash", "root")
+            raise bad_state("root is not a base64 32-byte hash", "root")
         return cls(size, raw, revision)
 
 
@@ -226,7 +211,8 @@ class Accepted:
 STATE_FORMAT = 1
 
 
-def _bad_state(message: str, field: str) -> IntegrityFailure:
+def bad_state(message: str, field: str) -> IntegrityFailure:
+    """INTEGRITY ``bad_state`` naming ``field`` of a client's state file."""
     return IntegrityFailure(f"the client's kept state: {message}", reason="bad_state", field=field)
 
 
@@ -350,25 +336,11 @@ def _checkpoint(note: str, policy: TrustPolicy, origins: tuple[str, ...] = ()) -
 
 def _cosigned(note: str, policy: TrustPolicy) -> list[int]:
     """Step 2. The newest valid cosignature time of each pinned witness (by name) that
-    cosigned, newest first; at least ``threshold`` of them (the policy pins each key once)."""
+    cosigned, newest first; at least ``threshold`` of them (``domain.notes.witnessed_times``)."""
     try:
-        valid = verify_cosignatures(note, policy.witnesses, field="$.proof.checkpoint")
+        return witnessed_times(note, policy.witnesses, policy.threshold, field="$.proof.checkpoint")
     except InvalidInput as exc:
         raise _malformed(exc.message, "$.proof.checkpoint") from None
-    # A witness is its name: one that the policy pins with two keys (its old and new
-    # key during a rotation) and that cosigned with both still counts once.
-    newest: dict[str, int] = {}
-    for witness, timestamp in valid.items():
-        newest[witness.name] = max(timestamp, newest.get(witness.name, 0))
-    if len(newest) < policy.threshold:
-        raise IntegrityFailure(
-            f"{len(newest)} pinned witnesses cosigned the checkpoint, the policy needs "
-            f"{policy.threshold}",
-            reason="too_few_cosignatures",
-            cosigned=len(newest),
-            threshold=policy.threshold,
-        )
-    return sorted(newest.values(), reverse=True)
 
 
 def _revision_event(event: Mapping[str, Any], revision: int) -> tuple[bytes, bytes]:

@@ -35,8 +35,8 @@ from domain.notes import (
     VerifierKey,
     WitnessKey,
     note_signers,
-    verify_cosignatures,
     verify_log_signatures,
+    witnessed_times,
 )
 from domain.origin import check_origin, log_identity_id
 
@@ -208,12 +208,11 @@ def rotation_in_log(
         and isinstance(state, dict)
         and isinstance(state.get("statement"), str)
     )
-    if not ok:
+    if not ok or not isinstance(state, dict):
         raise IntegrityFailure(
             "the event is not a log_key.rotated event of the log identity",
             reason="not_a_rotation",
         )
-    assert isinstance(state, dict)
     ident = event_id(event.aggregate_id, event.version, event.topic, event.state)
     try:
         merkle.verify_inclusion(
@@ -258,7 +257,8 @@ def learn_rotations(
     note, events = _parse_rotations(document)
     if not events:
         return keys
-    assert note is not None
+    if note is None:
+        raise _malformed("not a checkpoint note", "$.checkpoint")
     try:
         checkpoint = Checkpoint.parse(note.partition("\n\n")[0] + "\n", field="$.checkpoint")
     except InvalidInput as exc:
@@ -272,17 +272,15 @@ def learn_rotations(
     valid_keys = [k.key for k in keys if k.valid_at(now)]
     try:
         verify_log_signatures(note, valid_keys, field="$.checkpoint")
-        cosigned = verify_cosignatures(note, witnesses, field="$.checkpoint")
+        witnessed_times(
+            note,
+            witnesses,
+            threshold,
+            field="$.checkpoint",
+            what="the main-log checkpoint that covers the key rotations",
+        )
     except InvalidInput as exc:
         raise _malformed(exc.message, "$.checkpoint") from None
-    if len(cosigned) < threshold:
-        raise IntegrityFailure(
-            f"{len(cosigned)} pinned witnesses cosigned the main-log checkpoint that covers "
-            f"the key rotations, the policy needs {threshold}",
-            reason="too_few_cosignatures",
-            cosigned=len(cosigned),
-            threshold=threshold,
-        )
     for event, leaf_index, proof in events:
         statement = rotation_in_log(event, leaf_index, proof, checkpoint)
         try:
@@ -330,9 +328,8 @@ def _parse_rotations(document: object) -> tuple[str | None, list[_Event]]:
     for n, item in enumerate(items):
         at = f"$.rotations[{n}]"
         event = item.get("event") if isinstance(item, dict) else None
-        if not isinstance(event, dict):
+        if not isinstance(item, dict) or not isinstance(event, dict):
             raise _malformed("has no event", f"{at}.event")
-        assert isinstance(item, dict)
         leaf, version = item.get("leaf_index"), event.get("version")
         topic, state = event.get("topic"), event.get("state_b64")
         aggregate = event.get("aggregate_id")
@@ -345,12 +342,12 @@ def _parse_rotations(document: object) -> tuple[str | None, list[_Event]]:
                 and 1 <= version < 1 << 63
                 and isinstance(topic, str)
                 and isinstance(aggregate, str)
+                and isinstance(state, str)
                 and isinstance(proof, list)
                 and len(proof) <= 64
             )
-            if not ok:
+            if not ok or not isinstance(state, str) or not isinstance(proof, list):
                 raise ValueError("wrong types")
-            assert isinstance(state, str) and isinstance(proof, list)
             hashes = [base64.b64decode(p, validate=True) for p in proof]
             if any(len(h) != 32 for h in hashes):
                 raise ValueError("not 32-byte hashes")
@@ -360,7 +357,7 @@ def _parse_rotations(document: object) -> tuple[str | None, list[_Event]]:
                 str(topic).encode("utf-8", "surrogateescape"),
                 base64.b64decode(state, validate=True),
             )
-        except (ValueError, TypeError, AssertionError, binascii.Error):
+        except (ValueError, TypeError, binascii.Error):
             raise _malformed("is not a stored event with its inclusion proof", at) from None
         events.append((stored, int(str(leaf)), hashes))
     return (note if isinstance(note, str) else None), events

@@ -446,6 +446,32 @@ def verify_cosignatures(
     return valid
 
 
+def witnessed_times(
+    note: str,
+    witnesses: Iterable[WitnessKey],
+    threshold: int,
+    *,
+    field: str = "checkpoint",
+    what: str = "the checkpoint",
+) -> list[int]:
+    """The newest valid cosignature time of each pinned witness that cosigned ``note``,
+    newest first; at least ``threshold`` of them, else INTEGRITY ``too_few_cosignatures``.
+    A witness is its *name*: one pinned with two keys (its old and new key during a
+    rotation) that cosigned with both counts once. The one count of the bundles' and the
+    key rotations' k witnesses (``verify_cosignatures``' errors propagate)."""
+    newest: dict[str, int] = {}
+    for witness, timestamp in verify_cosignatures(note, witnesses, field=field).items():
+        newest[witness.name] = max(timestamp, newest.get(witness.name, 0))
+    if len(newest) < threshold:
+        raise IntegrityFailure(
+            f"{len(newest)} pinned witnesses cosigned {what}, the policy needs {threshold}",
+            reason="too_few_cosignatures",
+            cosigned=len(newest),
+            threshold=threshold,
+        )
+    return sorted(newest.values(), reverse=True)
+
+
 def note_signers(parsed: SignedNote, keys: Iterable[VerifierKey]) -> list[VerifierKey]:
     """The keys among ``keys`` that validly signed ``parsed``, in line order. Lines by
     other keys are ignored; a line naming one of ``keys`` (name and key id) whose

@@ -12,6 +12,26 @@ from domain.errors import InvalidInput
 #: The origin a log has before it is named: its store's id (``ledger_meta.store_id``).
 ORIGIN_PREFIX = "catalog-ledger/"
 _MAX_ORIGIN = 255
+#: A catalog log's origin is its main log's followed by this (LOG-FORMAT "Catalog log").
+CATALOG_SUFFIX = "/catalog"
+
+
+def catalog_origin(main_origin: str) -> str:
+    """The catalog log's checkpoint origin from its main log's."""
+    return main_origin + CATALOG_SUFFIX
+
+
+def main_log_origin(catalog_origin: str) -> str:
+    """The main log's origin from its catalog log's (a trust policy's ``origin``): the
+    main log's checkpoint covers the log's key rotations. INVALID naming ``origin``
+    otherwise."""
+    if not catalog_origin.endswith(CATALOG_SUFFIX) or catalog_origin == CATALOG_SUFFIX:
+        raise InvalidInput(
+            f"the origin {catalog_origin!r} is not a catalog log's (...{CATALOG_SUFFIX}): no "
+            "main log to learn key rotations from",
+            field="origin",
+        )
+    return catalog_origin.removesuffix(CATALOG_SUFFIX)
 
 
 def log_identity_id() -> UUID:

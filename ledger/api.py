@@ -581,8 +581,8 @@ class Store:
 
 def catalog_origin(ledger: Ledger) -> str:
     """The catalog log's checkpoint origin: the main log's followed by ``/catalog`` (R29)."""
+    from domain.origin import catalog_origin as of_main
     from ledger.audit.proofs import origin_of
-    from ledger.store.catalog_log import catalog_origin as of_main
 
     return of_main(origin_of(ledger))
 

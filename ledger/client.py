@@ -81,7 +81,6 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from types import TracebackType
@@ -114,9 +113,10 @@ from domain.key_rotation import PinnedKey
 from domain.served import AudienceView, CatalogHead, audience_digest, fact_bytes, fact_digest
 from ledger.client_keys import (
     KeyRing,
+    adopt,
     load_trust,
-    locked,
     read_state,
+    sharing,
     state_document,
     write_state,
 )
@@ -227,7 +227,10 @@ class CatalogClient:
         signature by a pinned key."""
         if self.trust is None or self._keys is None:
             raise InvalidInput("refresh_keys needs a trust policy (trust=)", field="trust")
-        with self._state_lock:
+        with self._state_lock, sharing(self._state_file):
+            self._accepted, self._keys = adopt(
+                self._state_file, self.trust, self._accepted, self._keys
+            )
             self._learn()
         return self._keys.keys
 
@@ -291,12 +294,10 @@ class CatalogClient:
         Proven reads run one at a time: each must extend the state the last one kept."""
         if self.trust is None or wait is not None:
             return self._fetch(audience, min_revision=min_revision, wait=wait, prove=False)
-        shared = locked(self._state_file) if self._state_file is not None else nullcontext()
-        with self._state_lock, shared:
-            kept = self._accepted
-            on_file, ring = read_state(self._state_file, self.trust)
-            if on_file is not None and (kept is None or on_file.size >= kept.size):
-                self._accepted, self._keys = on_file, ring  # a sharer moved it on
+        with self._state_lock, sharing(self._state_file):
+            self._accepted, self._keys = adopt(
+                self._state_file, self.trust, self._accepted, self._keys
+            )
             return self._fetch(audience, min_revision=min_revision, wait=None, prove=True)
 
     def _fetch(

@@ -23,19 +23,21 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import math
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from domain.bundle import STATE_FORMAT, Accepted, TrustPolicy, main_log_origin
-from domain.errors import IntegrityFailure, InvalidInput, Unavailable
+from domain.bundle import STATE_FORMAT, Accepted, TrustPolicy, bad_state
+from domain.errors import IntegrityFailure, InvalidInput, Stale, Unavailable
 from domain.key_rotation import PinnedKey, learn_rotations
 from domain.notes import SignedNote, VerifierKey, key_id
+from domain.origin import main_log_origin
 
 
 def load_trust(path: str | Path) -> TrustPolicy:
@@ -66,7 +68,7 @@ class KeyRing:
 
     def policy(self, now: float) -> TrustPolicy:
         """The trust policy with the log keys valid at ``now`` (learned ones included)."""
-        valid = tuple(k.key for k in self.keys if k.valid_at(int(now)))
+        valid = tuple(k.key for k in self.keys if k.valid_at(_seconds(now)))
         if valid == self.trust.log_keys:
             return self.trust
         return dataclasses.replace(self.trust, log_keys=valid)
@@ -92,12 +94,25 @@ class KeyRing:
             origin=main_log_origin(self.trust.origin),
             witnesses=self.trust.witnesses,
             threshold=self.trust.threshold,
-            now=int(now),
+            now=_seconds(now),
         )
         if found == self.keys:
             return False
         self.keys = self.learned = found
         return True
+
+
+def _seconds(now: float) -> int:
+    """``now`` in whole seconds. A clock that gives no time (NaN, an infinity) fails
+    closed as ``verify_bundle`` step 6 does: STALE, axis ``freshness``."""
+    if not math.isfinite(now):
+        raise Stale(
+            f"the client's clock gives no time ({now!r}): no view is proven fresh",
+            axis="freshness",
+            required="a finite time",
+            served=repr(now),
+        )
+    return int(now)
 
 
 # -- the state file ----------------------------------------------------------------------
@@ -135,24 +150,20 @@ def _learned_keys(document: object, origin: str) -> tuple[PinnedKey, ...] | None
         return None  # Accepted.from_json names what is wrong
     items = document["log_keys"]
     if not isinstance(items, list) or not items:
-        raise _bad_state("log_keys is not a non-empty list", "log_keys")
+        raise bad_state("log_keys is not a non-empty list", "log_keys")
     keys = []
     for n, item in enumerate(items):
         at = f"log_keys[{n}]"
         text = item.get("key") if isinstance(item, dict) else None
         until = item.get("until") if isinstance(item, dict) else None
         if not isinstance(text, str) or not (until is None or type(until) is int):
-            raise _bad_state("is not a key with its until (unix seconds, or null)", at)
+            raise bad_state("is not a key with its until (unix seconds, or null)", at)
         try:
             key = VerifierKey.parse(text, field=at)
         except InvalidInput as exc:
-            raise _bad_state(exc.message, at) from None
+            raise bad_state(exc.message, at) from None
         keys.append(PinnedKey(key, until))
     return tuple(keys)
-
-
-def _bad_state(message: str, field: str) -> IntegrityFailure:
-    return IntegrityFailure(f"the client's kept state: {message}", reason="bad_state", field=field)
 
 
 def state_document(trust: TrustPolicy, accepted: Accepted | None, ring: KeyRing) -> dict[str, Any]:
@@ -165,6 +176,26 @@ def state_document(trust: TrustPolicy, accepted: Accepted | None, ring: KeyRing)
     if ring.learned is not None:
         document["log_keys"] = [{"key": k.key.text(), "until": k.until} for k in ring.learned]
     return document
+
+
+def adopt(
+    path: Path | None, trust: TrustPolicy, kept: Accepted | None, ring: KeyRing | None
+) -> tuple[Accepted | None, KeyRing]:
+    """Under ``sharing(path)``, before a proven read or a refresh of the keys: the state
+    and keys ``path`` holds if a sharer moved it on to ``kept`` or past it (or nothing was
+    kept: its learned keys), else ``kept`` and ``ring``; so that what is written next
+    never puts an older head, or fewer learned keys, back over a sharer's."""
+    if path is None:
+        return kept, ring or KeyRing(trust)
+    on_file, on_file_ring = read_state(path, trust)
+    if kept is None or ring is None or (on_file is not None and on_file.size >= kept.size):
+        return on_file, on_file_ring
+    return kept, ring
+
+
+def sharing(path: Path | None) -> AbstractContextManager[None]:
+    """``locked(path)``, or nothing when the client keeps no state file."""
+    return locked(path) if path is not None else nullcontext()
 
 
 @contextmanager

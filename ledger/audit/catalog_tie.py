@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from domain.errors import IntegrityFailure, InvalidInput
 from domain.notes import Checkpoint
+from domain.origin import catalog_origin
 from ledger.audit.proofs import MerkleLog, origin_of
 from ledger.store.catalog_log import (
     CHECKPOINT_TABLE,
     CatalogLog,
-    catalog_origin,
     stored_checkpoints,
 )
 from ledger.store.migrations import read_version

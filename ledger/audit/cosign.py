@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-from domain.bundle import TrustPolicy, main_log_origin
+from domain.bundle import TrustPolicy
 from domain.errors import Conflict, IntegrityFailure, InvalidInput, LedgerError, Unavailable
 from domain.merkle import EMPTY_ROOT, consistency_proof_from
 from domain.notes import (
@@ -49,6 +49,7 @@ from domain.notes import (
     WitnessKey,
     add_cosignatures,
 )
+from domain.origin import main_log_origin
 from ledger.audit.proofs import MerkleLog
 from ledger.store.catalog_log import (
     CatalogLog,
@@ -268,10 +269,14 @@ def _cosign_one(
             origin=origin,
         )
     note = add_cosignatures(signed, lines)
-    store_checkpoint(
-        ledger.db,
-        StoredCheckpoint(origin, size, checkpoint.root, note, int(clock() * 1_000_000)),
-    )
+    try:
+        store_checkpoint(
+            ledger.db,
+            StoredCheckpoint(origin, size, checkpoint.root, note, int(clock() * 1_000_000)),
+        )
+    except Conflict as lost:  # an overlapping run stored a larger tree: keep it
+        LOG.error(f"{what} checkpoint not stored: {lost.message}", extra=lost.details)
+        raise
     LOG.info(
         f"{what} checkpoint cosigned and stored",
         extra={"origin": origin, "size": size, "cosigned": len(cosigned), "failed": sorted(failed)},

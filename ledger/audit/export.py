@@ -15,6 +15,7 @@ from domain.event_types import (
     EVENT_TYPES,
     UnknownEventType,
 )
+from domain.origin import catalog_origin
 from ledger.log.checkpoint_line import CheckpointLine
 from ledger.log.trailer import Trailer
 from ledger.store import carried_checkpoints
@@ -113,7 +114,7 @@ def _ours(ledger: Ledger, stored: list[CheckpointLine]) -> list[CheckpointLine]:
         origin = origin_of(ledger)
     except IntegrityFailure:
         return stored
-    ours = (origin, origin + carried_checkpoints.CATALOG_SUFFIX)
+    ours = (origin, catalog_origin(origin))
     return [c for c in stored if c.origin in ours]
 
 

@@ -170,9 +170,10 @@ def checkpoint(
     as a signed note; ``name`` first names the log (``log.named``) if it is not named yet,
     so the signed origin is a log fact that ``export`` carries (R29)."""
     from domain.notes import SignerKey
+    from domain.origin import catalog_origin
     from ledger.audit.proofs import checkpoint as log_checkpoint
     from ledger.audit.proofs import origin_of
-    from ledger.store.catalog_log import CatalogLog, catalog_origin
+    from ledger.store.catalog_log import CatalogLog
 
     if log not in ("main", "catalog"):
         raise InvalidInput(f"log must be main or catalog, got {log!r}", field="log")
@@ -205,10 +206,10 @@ def cosign(
     the witnesses reached through ``add_checkpoint``."""
     from domain.canonical import parse_json
     from domain.notes import SignerKey
+    from domain.origin import catalog_origin
     from ledger.audit.cosign import check_policy, parse_policy
     from ledger.audit.cosign import cosign as collect
     from ledger.audit.proofs import origin_of
-    from ledger.store.catalog_log import catalog_origin
     from ledger.store.log_identity import name_log
 
     files = [sign] if isinstance(sign, Path) else list(sign)
@@ -217,9 +218,9 @@ def cosign(
     signer, *also = (SignerKey.parse(read_text(f, "sign"), field="sign") for f in files)
     document = parse_json(read_text(policy, "policy"), source=str(policy))
     parsed = parse_policy(document)
-    name_log(ledger)  # the signed origin is a log fact, carried by export (R29)
     origin = catalog_origin(origin_of(ledger))
-    check_policy(parsed, origin, signer, also)
+    check_policy(parsed, origin, signer, also)  # before anything is appended
+    name_log(ledger)  # the signed origin is a log fact, carried by export (R29)
     return collect(
         ledger,
         origin=origin,
@@ -331,10 +332,11 @@ def resume_check(ledger: Ledger, note_file: Path | None) -> ResumeCheck:
 
     from domain import merkle
     from domain.notes import Checkpoint
+    from domain.origin import catalog_origin
     from domain.resume import check_resume
     from ledger.audit.proofs import MerkleLog
     from ledger.store import carried_checkpoints
-    from ledger.store.catalog_log import CatalogLog, catalog_origin
+    from ledger.store.catalog_log import CatalogLog
     from ledger.store.log_identity import origin_of
 
     origin = origin_of(ledger)

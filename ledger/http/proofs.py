@@ -151,7 +151,8 @@ class ProofService:
         found = self.cached(view, stored, since)
         if found is not None:
             return found
-        assert stored is not None  # ``cached`` raised otherwise
+        if stored is None:  # ``cached`` raised already: no stored checkpoint
+            raise _pending(view.revision, stored)
         self.misses += 1
         proof = self._build(view, stored)
         with self._lock:
@@ -160,7 +161,8 @@ class ProofService:
             while len(self._bundles) > BUNDLES:
                 self._bundles.popitem(last=False)
         tail = self._consistency_member(stored, since)
-        assert tail is not None  # the log was refreshed to the checkpoint's size
+        if tail is None:  # the log was refreshed to the checkpoint's size, and went back
+            raise _pending(view.revision, stored)
         return _body(view, proof, tail)
 
     def _consistency_member(self, stored: StoredCheckpoint, since: int | None) -> bytes | None:

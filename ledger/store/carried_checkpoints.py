@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 
 from domain import merkle
 from domain.errors import IntegrityFailure, InvalidInput
+from domain.origin import catalog_origin
 from ledger.log import tables as schema
 from ledger.log.checkpoint_line import CheckpointLine
 from ledger.log.sqltypes import enc
@@ -27,8 +28,6 @@ from ledger.store.catalog_log import stored_checkpoints
 
 TABLE = schema.checkpoint
 NAME = TABLE.name
-#: The catalog log's origin is the main log's followed by this (LOG-FORMAT "Catalog log").
-CATALOG_SUFFIX = "/catalog"
 
 
 def has_table(conn: Connection) -> bool:
@@ -66,7 +65,7 @@ def check_and_write(
         seen.add(line.origin)
         if line.origin == origin:
             leaves, what = size, "the log"
-        elif line.origin == origin + CATALOG_SUFFIX:
+        elif line.origin == catalog_origin(origin):
             leaves, what = len(catalog_ids), "the catalog log"
         else:
             raise _refused(

@@ -32,21 +32,13 @@ from domain import merkle
 from domain.audience_map import inclusion_proof
 from domain.catalog import catalog_id
 from domain.digests import event_id
-from domain.errors import IntegrityFailure, InvalidInput
+from domain.errors import Conflict, IntegrityFailure, InvalidInput
 from domain.event_types import EVENT_TYPES, T_PUBLISHED, UnknownEventType, decode_state
-from domain.notes import Checkpoint
+from domain.notes import Checkpoint, NoteSignature, cosignature_timestamp
 from ledger.log import tables as schema
 from ledger.log.db import Database
 from ledger.log.sqltypes import dec, enc
 from projections.queries.publication import BadNode, map_fetch
-
-#: The catalog log's origin is the main log's followed by this (LOG-FORMAT).
-ORIGIN_SUFFIX = "/catalog"
-
-
-def catalog_origin(main_origin: str) -> str:
-    """The catalog log's checkpoint origin from the main log's."""
-    return main_origin + ORIGIN_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -217,7 +209,15 @@ class CatalogLog:
             sa.select(t.c.topic, t.c.state).where(
                 t.c.aggregate_id == catalog_id().bytes, t.c.version == version
             )
-        ).one()
+        ).one_or_none()
+        if row is None:
+            raise IntegrityFailure(
+                f"the log row at position {position} (the catalog's version {version}) is "
+                "gone from under the catalog log",
+                table=schema.events.name,
+                position=position,
+                version=version,
+            )
         topic, state = bytes(row[0]), bytes(row[1])
         if event_id(catalog_id().bytes, version, topic, state) != stored_id:
             raise IntegrityFailure(
@@ -313,7 +313,10 @@ def stored_checkpoints(conn: Connection) -> list[StoredCheckpoint]:
 
 
 def store_checkpoint(db: Database, found: StoredCheckpoint) -> None:
-    """Write (or replace) the stored cosigned checkpoint of ``found.origin``."""
+    """Write (or replace) the stored cosigned checkpoint of ``found.origin``, as a
+    compare-and-swap: never over a larger size, nor over the same size with another root.
+    Two overlapping ``cosign`` runs: the one that would move the stored tree back (or
+    aside) loses, CONFLICT naming the origin and both sizes, and stores nothing."""
     t = schema.checkpoint
     values = {
         "size": found.size,
@@ -321,30 +324,44 @@ def store_checkpoint(db: Database, found: StoredCheckpoint) -> None:
         "note": enc(found.note),
         "stored_at_us": found.stored_at_us,
     }
+    origin = enc(found.origin)
     with db.write() as conn:
         changed = conn.execute(
-            t.update().where(t.c.origin == enc(found.origin)).values(**values)
+            t.update()
+            .where(
+                t.c.origin == origin,
+                sa.or_(
+                    t.c.size < found.size, sa.and_(t.c.size == found.size, t.c.root == found.root)
+                ),
+            )
+            .values(**values)
         ).rowcount
-        if not changed:
-            conn.execute(t.insert().values(origin=enc(found.origin), **values))
+        if changed:
+            return
+        kept = conn.execute(sa.select(t.c.size, t.c.root).where(t.c.origin == origin)).one_or_none()
+        if kept is None:  # a run that inserts it at once wins; this one: CONFLICT
+            conn.execute(t.insert().values(origin=origin, **values))
+            return
+    raise Conflict(
+        f"the stored checkpoint of {found.origin!r} is of size {kept[0]} (another cosign "
+        f"run stored it, or the row was edited): size {found.size} "
+        + ("would move it back" if kept[0] > found.size else "has another root")
+        + "; nothing stored",
+        origin=found.origin,
+        size=found.size,
+        stored_size=int(kept[0]),
+    )
 
 
 def cosignature_times(note: str) -> list[int]:
-    """The timestamps of the note's ``cosignature/v1`` lines (76-byte signatures: key id,
-    8-byte big-endian time, Ed25519), newest first. Not verified (the store holds no
-    witness keys): for the operator's gauge only, never for a client's freshness."""
-    import base64
-    import binascii
-
+    """The timestamps of the note's ``cosignature/v1`` lines (``domain.notes``: a
+    signature line whose signature is a timestamp and an Ed25519 signature), newest
+    first. Not verified (the store holds no witness keys): for the operator's gauge only,
+    never for a client's freshness."""
     times = []
-    for line in note.partition("\n\n")[2].splitlines():
-        parts = line.split(" ")
-        if len(parts) != 3 or parts[0] != "\u2014":
-            continue
+    for line in note.rpartition("\n\n")[2].splitlines():
         try:
-            raw = base64.b64decode(parts[2], validate=True)
-        except (binascii.Error, ValueError):
+            times.append(cosignature_timestamp(NoteSignature.parse_line(line)))
+        except (InvalidInput, IntegrityFailure):  # the log's own signature, or no line
             continue
-        if len(raw) == 76:
-            times.append(int.from_bytes(raw[4:12], "big"))
     return sorted(times, reverse=True)

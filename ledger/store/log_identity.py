@@ -15,10 +15,9 @@ import sqlalchemy as sa
 
 from domain.errors import Conflict, InvalidInput
 from domain.log_identity import LogIdentity
-from domain.origin import check_origin, default_origin, log_identity_id
+from domain.origin import catalog_origin, check_origin, default_origin, log_identity_id
 from ledger.log import tables as schema
 from ledger.log.sqltypes import enc
-from ledger.store.catalog_log import catalog_origin
 from ledger.store.runtime import Ledger
 
 __all__ = [

@@ -36,7 +36,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from domain.errors import InvalidInput, LedgerError, Unavailable
+from domain.errors import InvalidInput, LedgerError
 from domain.notes import (
     Checkpoint,
     SignedNote,
@@ -171,7 +171,7 @@ class Witness:
                     extra={"origin": origin, "reason": exc.reason, "evidence": exc.evidence},
                 )
             return self._refuse(422, exc.message, origin=origin)
-        except Unavailable as exc:
+        except LedgerError as exc:  # the file unusable, not a witness file, edited
             return self._refuse(503, exc.message, origin=origin)
         _log.info(
             "witness: cosigned",
@@ -185,7 +185,10 @@ class Witness:
 
     def checkpoint(self, origin_hash: str) -> Answer:
         origin = self._by_hash.get(origin_hash)
-        known = None if origin is None else self.state.known(origin)
+        try:
+            known = None if origin is None else self.state.known(origin)
+        except LedgerError as exc:  # the file unusable, not a witness file, edited
+            return self._refuse(503, exc.message, origin=origin)
         if known is None:
             return Answer(404, "this witness has cosigned no checkpoint of that log\n")
         return Answer(200, known.note)

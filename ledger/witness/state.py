@@ -90,6 +90,29 @@ class Known:
     cosigned_at: int
 
 
+def _known(row: Sequence[Any], path: Path) -> Known:
+    """A row of ``cosigned`` as read, type-checked: a hand-edited one (a root stored as
+    TEXT, a negative size) is UNAVAILABLE naming the table (503), never a TypeError deep
+    in a consistency check."""
+    origin, size, root, note, at = row
+    if not (
+        isinstance(origin, str)
+        and type(size) is int
+        and size >= 0
+        and isinstance(root, bytes)
+        and len(root) == 32
+        and isinstance(note, str)
+        and type(at) is int
+    ):
+        raise Unavailable(
+            f"the witness file {path}: a row of table cosigned (origin {origin!r}) is not "
+            "of its declared types (size an integer >= 0, root 32 bytes): it was edited; "
+            "refusing to cosign until an operator looks",
+            table="cosigned",
+        )
+    return Known(origin, size, root, note, at)
+
+
 @dataclass(frozen=True)
 class Cosigned:
     line: str
@@ -143,7 +166,7 @@ class WitnessState:
                 "SELECT origin, size, root, note, cosigned_at FROM cosigned WHERE origin = ?",
                 (origin,),
             ).fetchone()
-        return None if row is None else Known(*row)
+        return None if row is None else _known(row, self.path)
 
     def advance(
         self,
@@ -171,7 +194,7 @@ class WitnessState:
                     "SELECT origin, size, root, note, cosigned_at FROM cosigned WHERE origin = ?",
                     (checkpoint.origin,),
                 ).fetchone()
-                known = None if row is None else Known(*row)
+                known = None if row is None else _known(row, self.path)
                 self._check_not_rewound(checkpoint.origin, known)
                 if old_size != (known.size if known else 0):
                     raise SizeMismatch(known.size if known else 0)
@@ -302,4 +325,4 @@ class WitnessState:
             rows = db.execute(
                 "SELECT origin, size, root, note, cosigned_at FROM cosigned ORDER BY origin"
             ).fetchall()
-        return [Known(*row) for row in rows]
+        return [_known(row, self.path) for row in rows]

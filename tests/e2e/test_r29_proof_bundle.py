@@ -30,6 +30,7 @@ from fastapi.testclient import TestClient
 from domain import merkle
 from domain.audience_map import key_of, root_from_proof
 from domain.digests import event_id
+from domain.errors import Conflict
 from domain.notes import Checkpoint, SignerKey
 from ledger.api import Store, open_store
 from ledger.http.app import create_app
@@ -199,7 +200,13 @@ def test_r29_a_stored_checkpoint_or_map_node_that_lies_is_never_served(
     answer = client.get(PATH, params={"proof": "1"})
     assert (answer.status_code, answer.json()["error"]) == (500, "INTEGRITY")
     assert answer.json()["details"]["table"] == "ledger_checkpoint"
-    collector.run()  # a true note again
+    # The collector does not write over the edited row (same size, another root: the
+    # compare-and-swap refuses it); the operator removes it, then a true note again.
+    with pytest.raises(Conflict):
+        collector.run()
+    with world.db.write() as conn:
+        conn.execute(sa.text("DELETE FROM ledger_checkpoint"))
+    collector.run()
     with world.db.write() as conn:  # the other audience's leaf: a sibling on A's path
         conn.execute(
             sa.text("UPDATE view_audience_map SET hash = :h WHERE leaf_key = :k"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,15 @@ import sqlalchemy as sa
 from domain import merkle
 from domain.catalog import catalog_id
 from domain.digests import event_id
-from domain.errors import Unavailable
+from domain.errors import Conflict, IntegrityFailure, Unavailable
 from domain.notes import Checkpoint, SignerKey
 from ledger.api import open_store
-from ledger.store.catalog_log import CatalogLog, cosignature_times
+from ledger.store.catalog_log import (
+    CatalogLog,
+    StoredCheckpoint,
+    cosignature_times,
+    store_checkpoint,
+)
 from tests.support import reference_catalog_log as ref_log
 from tests.support import reference_verifier as ref_verifier
 from tests.support.cli_inprocess import cli_json
@@ -213,6 +219,99 @@ def test_r29_cosign_refuses_a_policy_of_another_log_or_key(world: World, tmp_pat
     code, error = cli_json("--db", world.url, "cosign", "--sign", str(key), "--policy", str(policy))
     assert (code, error["details"]["field"]) == (3, "threshold")
     assert stored_rows(world) == []
+
+
+def test_r29_a_refused_cosign_appends_nothing(world: World, tmp_path: Path) -> None:
+    """``cosign`` named the log (``log.named``) before checking the policy: a refused run
+    still appended an event. The policy (and the key) are checked first now."""
+    publish(world, 1)
+    _witnesses, key, policy = collector(world, tmp_path, [1_700_000_000])
+    size = cli_json("--db", world.url, "audit", "checkpoint")[1]["size"]
+    document = json.loads(policy.read_text())
+    policy.write_text(json.dumps({**document, "log_keys": [_other_key()]}), encoding="utf-8")
+    code, error = cli_json("--db", world.url, "cosign", "--sign", str(key), "--policy", str(policy))
+    assert (code, error["details"].get("field")) == (3, "log_keys"), error
+    assert cli_json("--db", world.url, "audit", "checkpoint")[1]["size"] == size
+
+
+def test_r29_overlapping_cosign_runs_never_store_a_smaller_tree(
+    world: World, tmp_path: Path
+) -> None:
+    """``store_checkpoint`` was an unconditional UPDATE: a run that read size 1, slower
+    than one that stored size 2, replaced 2 with 1. Now a compare-and-swap: the slower
+    run is CONFLICT naming the origin, and the stored row stays."""
+    publish(world, 1)
+    witnesses, key, policy = collector(world, tmp_path, [1_700_000_000])
+    origin = catalog_checkpoint(world)["origin"]
+    larger = StoredCheckpoint(origin, 2, bytes(32), "another run's note\n", 1)
+    calls: list[str] = []
+
+    def add_checkpoint(url: str, note: str, old: int, proof: Sequence[bytes]) -> list[str]:
+        calls.append(url)
+        if len(calls) == 3:  # the last witness answered: meanwhile another run stored 2
+            store_checkpoint(world.db, larger)
+        return witnesses.add_checkpoint(url, note, old, proof)
+
+    with open_store(world.url) as store, pytest.raises(Conflict) as lost:
+        store.cosign(sign=key, policy=policy, add_checkpoint=add_checkpoint, clock=witnesses.clock)
+    assert (lost.value.details["origin"], lost.value.details["stored_size"]) == (origin, 2)
+    assert lost.value.exit_code == 4
+    assert catalog_row(world)[1:3] == (2, bytes(32))
+    # The same size with the same root replaces the note (fresh cosignatures); with
+    # another root, or a smaller size, nothing is replaced.
+    store_checkpoint(world.db, StoredCheckpoint(origin, 2, bytes(32), "newer note\n", 2))
+    for size, root in ((2, b"\x01" * 32), (1, bytes(32))):
+        with pytest.raises(Conflict):
+            store_checkpoint(world.db, StoredCheckpoint(origin, size, root, "x\n", 3))
+    assert bytes(catalog_row(world)[3]) == b"newer note\n"
+    store_checkpoint(world.db, StoredCheckpoint(origin, 3, b"\x02" * 32, "grown\n", 4))
+    assert catalog_row(world)[1] == 3
+
+
+def test_r29_a_revision_row_gone_is_integrity_naming_it(world: World) -> None:
+    """A deleted revision row made ``.one()`` raise NoResultFound (a traceback, a 500):
+    now INTEGRITY naming ``ledger_events``, the position and the version."""
+    publish(world, 1)
+    log = CatalogLog(world.db)
+    log.refresh()
+    event = log.revision_event(1)
+    with world.db.write() as conn:
+        conn.execute(
+            sa.text("DELETE FROM ledger_events WHERE position = :p"), {"p": event.position}
+        )
+    with pytest.raises(IntegrityFailure) as gone:
+        log.revision_event(1)
+    assert gone.value.details == {
+        "table": "ledger_events",
+        "position": event.position,
+        "version": event.version,
+    }
+
+
+def test_r29_a_bundle_the_log_no_longer_reaches_is_checkpoint_pending(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ProofService.body`` asserted that the log reached the checkpoint's size after
+    its build (``python -O`` strips that; a concurrent refresh that starts the log again
+    breaks it): an AssertionError, a 500. Now UNAVAILABLE ``checkpoint_pending``."""
+    from domain.served import AudienceView
+    from ledger.http.proofs import ProofService
+
+    publish(world, 1)
+    witnesses, key, policy = collector(world, tmp_path, [1_700_000_000])
+    with open_store(world.url) as store:
+        store.cosign(
+            sign=key, policy=policy, add_checkpoint=witnesses.add_checkpoint, clock=witnesses.clock
+        )
+        found = store.view("integration:a")
+        assert isinstance(found, AudienceView)
+        proofs = ProofService(store.ledger, lambda: catalog_checkpoint(world)["origin"])
+        stored = proofs.stored()
+        assert b'"consistency"' in proofs.body(found, stored, 1)
+        monkeypatch.setattr(proofs, "_consistency_member", lambda stored, since: None)
+        with pytest.raises(Unavailable) as pending:
+            proofs.body(found, stored, 1)
+    assert pending.value.details["reason"] == "checkpoint_pending"
 
 
 def _other_key() -> str:

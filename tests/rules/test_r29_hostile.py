@@ -9,6 +9,7 @@ app and SQLite file through Starlette's test client, the collector's line filter
 from __future__ import annotations
 
 import base64
+import hashlib
 import sqlite3
 import threading
 from collections.abc import MutableMapping
@@ -23,8 +24,11 @@ from starlette.testclient import TestClient
 
 from domain import merkle
 from domain.bundle import Accepted, TrustPolicy, verify_bundle
+from domain.digests import event_id
 from domain.errors import IntegrityFailure, InvalidInput, Stale
+from domain.key_rotation import rotation_statement
 from domain.notes import Checkpoint, SignerKey, WitnessKey, WitnessSigner
+from domain.origin import log_identity_id
 from ledger.audit.cosign import Witness as CollectedWitness
 from ledger.client import CatalogClient
 from ledger.log.checkpoint_line import CheckpointLine
@@ -134,6 +138,95 @@ def test_r29_two_clients_sharing_a_state_file_never_move_it_back(
     assert orjson.loads(state.read_bytes())["size"] == 3
 
 
+class RotatingServer(Server):
+    """``Server``, and ``GET /v1/log/rotations`` answering ``rotations``."""
+
+    def __init__(self, log: CatalogLog, rotations: dict[str, Any]) -> None:
+        super().__init__(log)
+        self.rotations = rotations
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/log/rotations":
+            return httpx.Response(200, content=orjson.dumps(self.rotations))
+        return super().handle(request)
+
+
+def _rotations(log: CatalogLog, new: SignerKey) -> dict[str, Any]:
+    """A main log whose last event rotates ``log.log_key`` to ``new``, its note signed by
+    the log key and cosigned by every witness at ``NOW``."""
+    main = log.origin.removesuffix("/catalog")
+    statement = rotation_statement(main, log.log_key, new.verifier, NOW + 60)
+    state = orjson.dumps({"statement": statement})
+    ids = [bytes([n]) * 32 for n in range(3)]
+    ids.append(event_id(log_identity_id().bytes, 2, b"log_key.rotated@1", state))
+    leaves = [merkle.leaf_hash(i) for i in ids]
+    body = Checkpoint(main, len(ids), merkle.root(leaves)).text()
+    note = log.log_key.sign(body) + "".join(w.cosign(body, NOW) + "\n" for w in log.witnesses)
+    event = {
+        "aggregate_id": str(log_identity_id()),
+        "version": 2,
+        "topic": "log_key.rotated@1",
+        "state_b64": base64.b64encode(state).decode(),
+    }
+    inclusion = [base64.b64encode(h).decode() for h in merkle.inclusion_proof(leaves, 3, 4)]
+    return {
+        "format": 1,
+        "checkpoint": note,
+        "rotations": [{"event": event, "leaf_index": 3, "inclusion": inclusion}],
+    }
+
+
+def test_r29_refresh_keys_never_writes_an_older_head_over_a_sharers(
+    log: CatalogLog, tmp_path: Path
+) -> None:
+    """Client B, which read the shared state at size 1, learns a rotation after client A
+    moved the state to 3: B used to write its size 1 (with the keys) over A's 3, without
+    the file's lock. It now re-reads the file under the lock first: 3 and the keys stay."""
+    state = tmp_path / "state.json"
+    new = SignerKey.generate(log.log_key.name)
+    server = RotatingServer(log, _rotations(log, new))
+
+    def client() -> CatalogClient:
+        return CatalogClient(
+            "http://catalog.test",
+            transport=httpx.MockTransport(server.handle),
+            trust=log.policy(),
+            state_file=state,
+            clock=lambda: NOW,
+        )
+
+    server.size = 1
+    with client() as first:
+        first.view(APP)
+    with client() as a, client() as b:
+        server.size = 3
+        a.view(APP)
+        assert b.refresh_keys()[-1].key == new.verifier
+        assert b.accepted == a.accepted == Accepted(3, log.checkpoint(3).root, 3)
+    kept = orjson.loads(state.read_bytes())
+    assert (kept["size"], [k["key"] for k in kept["log_keys"]]) == (
+        3,
+        [log.log_key.verifier.text(), new.verifier.text()],
+    )
+
+
+def test_r29_a_client_whose_clock_is_no_time_fails_closed(log: CatalogLog) -> None:
+    """The client's key ring took ``int(now)`` first: a NaN clock was a ValueError (a
+    traceback) before ``verify_bundle`` could refuse it. Now STALE, axis freshness."""
+    server = Server(log)
+    with (
+        CatalogClient(
+            "http://catalog.test",
+            transport=httpx.MockTransport(server.handle),
+            trust=log.policy(),
+            clock=lambda: float("nan"),
+        ) as client,
+        pytest.raises(Stale) as caught,
+    ):
+        client.view(APP)
+    assert caught.value.details["axis"] == "freshness"
+
+
 # -- the witness --------------------------------------------------------------------------
 
 ORIGIN = "log.example/hostile"
@@ -178,6 +271,33 @@ def test_r29_witness_file_rewound_under_a_running_witness_is_refused(tmp_path: P
     assert "edited or replaced" in answer.text
     with sqlite3.connect(tmp_path / "w.db") as db:
         assert db.execute("SELECT count(*) FROM cosigned").fetchone() == (0,)
+
+
+def test_r29_witness_file_corrupt_or_hand_edited_is_503_not_a_traceback(tmp_path: Path) -> None:
+    """A witness file that is no SQLite database (InvalidInput from the connection) was a
+    500 and a traceback on both routes; a ``cosigned.root`` hand-edited to TEXT reached
+    the consistency check as a str (TypeError, 500) in a restarted witness. Now 503 with
+    a message: the file's trouble, or the table's row at fault."""
+    path = tmp_path / "w.db"
+    _, client = _witness(path)
+    assert client.post("/add-checkpoint", content=request_body(_note(1), 0, [])).status_code == 200
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE cosigned SET root = 'not a hash'")
+    _, restarted = _witness(path)
+    proof = merkle.consistency_proof(LEAVES[:2], 1, 2)
+    answer = restarted.post("/add-checkpoint", content=request_body(_note(2), 1, proof))
+    assert answer.status_code == 503 and "table cosigned" in answer.text, answer.text
+    origin_hash = hashlib.sha256(ORIGIN.encode()).hexdigest()  # tlog-witness's path
+    got = restarted.get(f"/{origin_hash}/checkpoint")
+    assert got.status_code == 503 and "table cosigned" in got.text, got.text
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.write_bytes(b"not a database" * 512)
+    for answer in (
+        client.post("/add-checkpoint", content=request_body(_note(2), 1, proof)),
+        client.get(f"/{origin_hash}/checkpoint"),
+    ):
+        assert answer.status_code == 503 and "not a witness file" in answer.text, answer.text
 
 
 def test_r29_concurrent_fork_requests_get_one_root_cosigned(tmp_path: Path) -> None:

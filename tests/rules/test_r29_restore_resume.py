@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from domain.notes import Checkpoint, SignerKey
+from domain.origin import catalog_origin
 from ledger.api import open_store
-from ledger.store.catalog_log import catalog_origin
 from tests.support import reference_verifier as ref
 from tests.support.cli_inprocess import cli, cli_json
 from tests.support.gitrepo import push_closure

@@ -176,3 +176,41 @@ def test_r29_learned_keys_survive_a_restart_and_bound_what_a_bundle_may_be_signe
     with pytest.raises(IntegrityFailure) as bad:
         read_state(path, policy)
     assert bad.value.details == {"reason": "bad_state", "field": "log_keys[1]"}
+
+
+def test_r29_a_witness_pinned_with_two_keys_counts_once_for_a_rotation() -> None:
+    """A witness is its name (as for bundles, ``domain.notes.witnessed_times``): one pinned
+    with its old and new key that cosigned with both is one of the k witnesses, not two."""
+    renewed = WitnessSigner.generate("w0")  # w0's second key, pinned alongside its first
+    document = _document(cosigners=1)
+    body = document["checkpoint"].partition("\n\n")[0] + "\n"
+    document["checkpoint"] = add_cosignatures(document["checkpoint"], [renewed.cosign(body, NOW)])
+    pinned = [w.verifier for w in WITNESSES] + [renewed.verifier]
+    with pytest.raises(IntegrityFailure) as caught:
+        learn_rotations(
+            (OLD.verifier,), document, origin=MAIN, witnesses=pinned, threshold=2, now=NOW
+        )
+    assert caught.value.details == {"reason": "too_few_cosignatures", "cosigned": 1, "threshold": 2}
+    # A second witness's cosignature makes two.
+    document["checkpoint"] = add_cosignatures(
+        document["checkpoint"], [WITNESSES[1].cosign(body, NOW)]
+    )
+    learned = learn_rotations(
+        (OLD.verifier,), document, origin=MAIN, witnesses=pinned, threshold=2, now=NOW
+    )
+    assert learned[-1] == PinnedKey(NEW.verifier)
+
+
+def test_r29_a_rotations_body_is_checked_without_assert() -> None:
+    """Input checks are explicit (``python -O`` strips asserts): a non-text ``state_b64``
+    is ``malformed_rotations`` naming the item, and the module holds no ``assert``."""
+    import ast
+    import inspect
+
+    import domain.key_rotation
+
+    bad = json.loads(json.dumps(_document()))
+    bad["rotations"][0]["event"]["state_b64"] = 5
+    assert _reason(bad) == {"reason": "malformed_rotations", "field": "$.rotations[0]"}
+    tree = ast.parse(inspect.getsource(domain.key_rotation))
+    assert [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assert)] == []
