@@ -135,19 +135,24 @@ def read_state(path: Path | None, trust: TrustPolicy) -> tuple[Accepted | None, 
     except orjson.JSONDecodeError:
         document = None
     try:
-        learned = _learned_keys(document, trust.origin)
-        keys_only = isinstance(document, dict) and "size" not in document and learned
+        learned = _learned_keys(document, trust)
+        keys_only = isinstance(document, dict) and "size" not in document and "log_keys" in document
         accepted = None if keys_only else Accepted.from_json(document, trust.origin)
     except IntegrityFailure as exc:
         raise IntegrityFailure(f"{path}: {exc.message}", **exc.details) from None
     return accepted, KeyRing(trust, learned)
 
 
-def _learned_keys(document: object, origin: str) -> tuple[PinnedKey, ...] | None:
+def _learned_keys(document: object, trust: TrustPolicy) -> tuple[PinnedKey, ...] | None:
+    origin = trust.origin
     if not isinstance(document, dict) or "log_keys" not in document:
         return None
     if document.get("format") != STATE_FORMAT or document.get("origin") != origin:
         return None  # Accepted.from_json names what is wrong
+    if document.get("pinned") != sorted(k.text() for k in trust.log_keys):
+        # Learned under another policy's keys: a re-pin (a compromised key) replaces
+        # them, and the new policy's keys alone are trusted (LOG-FORMAT "Key rotation").
+        return None
     items = document["log_keys"]
     if not isinstance(items, list) or not items:
         raise bad_state("log_keys is not a non-empty list", "log_keys")
@@ -175,6 +180,7 @@ def state_document(trust: TrustPolicy, accepted: Accepted | None, ring: KeyRing)
     )
     if ring.learned is not None:
         document["log_keys"] = [{"key": k.key.text(), "until": k.until} for k in ring.learned]
+        document["pinned"] = sorted(k.text() for k in trust.log_keys)
     return document
 
 

@@ -138,11 +138,11 @@ def test_r29_a_rotations_body_not_shaped_like_one_names_the_json_path() -> None:
 # -- the client's key ring and its state file (ledger.client_keys) -----------------------
 
 
-def _policy() -> TrustPolicy:
+def _policy(*keys: SignerKey) -> TrustPolicy:
     return TrustPolicy.parse(
         {
             "origin": MAIN + "/catalog",
-            "log_keys": [OLD.verifier.text()],
+            "log_keys": [k.verifier.text() for k in keys or (OLD,)],
             "witnesses": [{"key": w.verifier.text()} for w in WITNESSES],
             "threshold": 2,
             "max_age_seconds": 3600,
@@ -176,6 +176,20 @@ def test_r29_learned_keys_survive_a_restart_and_bound_what_a_bundle_may_be_signe
     with pytest.raises(IntegrityFailure) as bad:
         read_state(path, policy)
     assert bad.value.details == {"reason": "bad_state", "field": "log_keys[1]"}
+
+
+def test_r29_a_new_policy_replaces_the_keys_learned_under_the_old_one(tmp_path: Path) -> None:
+    """A compromised key is re-pinned out of band (README "Keys and disaster recovery"):
+    keys the client learned from the log under the old policy must not outlive it, else a
+    key learned from a rotation the thief announced would still be trusted."""
+    path = tmp_path / "state.json"
+    _, ring = read_state(path, _policy())
+    assert ring.learn(_document(), NOW) is True  # NEW learned under the policy pinning OLD
+    write_state(path, state_document(_policy(), None, ring))
+    assert NEW.verifier in read_state(path, _policy())[1].policy(NOW).log_keys
+    repinned = _policy(OTHER)  # the operators' new policy: OTHER alone
+    _, after = read_state(path, repinned)
+    assert after.policy(NOW).log_keys == (OTHER.verifier,)
 
 
 def test_r29_a_witness_pinned_with_two_keys_counts_once_for_a_rotation() -> None:
