@@ -56,6 +56,17 @@ def view(log: CatalogLog, revision: int = 3) -> Any:
 # -- the client ---------------------------------------------------------------------------
 
 
+def _sharing(server: Any, log: Any, state: Path) -> CatalogClient:
+    """A client of ``server`` keeping its state in ``state``, a file other clients share."""
+    return CatalogClient(
+        "http://catalog.test",
+        transport=httpx.MockTransport(server.handle),
+        trust=log.policy(),
+        state_file=state,
+        clock=lambda: NOW,
+    )
+
+
 def test_r29_one_witness_pinned_with_two_keys_counts_once(log: CatalogLog) -> None:
     """A policy may pin a witness's old and new key (its rotation); that witness
     cosigning with both is one witness, not two towards k = 2."""
@@ -116,13 +127,7 @@ def test_r29_two_clients_sharing_a_state_file_never_move_it_back(
     server = Server(log)
 
     def client() -> CatalogClient:
-        return CatalogClient(
-            "http://catalog.test",
-            transport=httpx.MockTransport(server.handle),
-            trust=log.policy(),
-            state_file=state,
-            clock=lambda: NOW,
-        )
+        return _sharing(server, log, state)
 
     server.size = 1
     with client() as first:
@@ -187,13 +192,7 @@ def test_r29_refresh_keys_never_writes_an_older_head_over_a_sharers(
     server = RotatingServer(log, _rotations(log, new))
 
     def client() -> CatalogClient:
-        return CatalogClient(
-            "http://catalog.test",
-            transport=httpx.MockTransport(server.handle),
-            trust=log.policy(),
-            state_file=state,
-            clock=lambda: NOW,
-        )
+        return _sharing(server, log, state)
 
     server.size = 1
     with client() as first:
