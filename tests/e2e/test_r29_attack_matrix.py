@@ -26,6 +26,8 @@ and its state file did not move.
 And the log key rotates: ``audit rotate-key``, then ``cosign`` signing with both keys has
 the real witnesses cosign the main log's checkpoint covering the rotation; the client
 pinned to the old key learns the new one from the log and keeps it across a restart.
+Last, disaster recovery: the newest backup moved to another engine keeps the origin, the
+same witnesses cosign it again, and the runtime reads on from it with its kept state.
 """
 
 from __future__ import annotations
@@ -315,6 +317,25 @@ def test_r29_attack_matrix_every_forged_stale_rolled_back_frozen_split_or_other_
         assert client.view(A).revision == 2
     with scene.client(honest.base) as again:  # a restarted runtime remembers it
         assert new in [k.key for k in again.log_keys]
+
+    # Disaster recovery (item 7): the newest backup, taken after the last collector run,
+    # moved to another engine (SQLite) keeps the log's origin; the same witnesses cosign
+    # it again, and the runtime goes on reading from it with its kept state.
+    newest = scene.tmp / "newest.jsonl"
+    assert cli("--db", url, "export", "--jsonl", "--out", str(newest)).code == 0
+    moved_url = f"sqlite:///{scene.tmp / 'moved.db'}"
+    assert cli_json("--db", moved_url, "init")[0] == 0
+    code, doc = cli_json("--db", moved_url, "import", "--jsonl", str(newest), "--workers", "1")
+    assert code == 0, doc
+    assert scene.checkpoint(moved_url) == scene.checkpoint(url)  # same origin, size, root
+    code, again_cosigned = cli_json(
+        "--db", moved_url, "cosign", "--sign", str(scene.key), "--sign", str(new_key),
+        "--policy", str(overlap),
+    )  # fmt: skip
+    assert code == 0 and again_cosigned["failed"] == {}, again_cosigned
+    moved = scene.serve(moved_url)
+    with scene.client(moved.base) as client:
+        assert client.view(A).revision == 2
 
 
 def _root(scene: Scene, url: str) -> bytes:
