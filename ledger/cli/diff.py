@@ -27,6 +27,9 @@ def use_colour() -> bool:
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
+_COLOUR = {"+": "green", "-": "red"}
+
+
 def _short(value: str | None) -> str:
     """A digest, install id or commit as people read it: its first 12 characters (after
     a ``v1:`` style prefix). ``--json`` has every value in full."""
@@ -80,11 +83,7 @@ class _Printer:
             bold=True,
         )
         for fact in found["facts_added"]:
-            self.line(
-                f"  + fact {fact['pack']} {fact['kind']}/{fact['key']} "
-                f"[{_short(fact['install_id'])}] {_json(fact['payload'])}",
-                "green",
-            )
+            self.fact("+", fact)
         for change in found["facts_changed"]:
             self.line(
                 f"  ~ fact {change['pack']} {change['kind']}/{change['key']} "
@@ -103,23 +102,11 @@ class _Printer:
                         "yellow",
                     )
         for fact in found["facts_removed"]:
-            self.line(
-                f"  - fact {fact['pack']} {fact['kind']}/{fact['key']} "
-                f"[{_short(fact['install_id'])}] {_json(fact['payload'])}",
-                "red",
-            )
+            self.fact("-", fact)
         for grant in found["grants_added"]:
-            self.line(
-                f"  + grant {grant['pack']} {grant['kind']}/{grant['key']}"
-                f"{_cred(grant['credential_set'])} [{_short(grant['install_id'])}]",
-                "green",
-            )
+            self.grant("+", grant)
         for grant in found["grants_removed"]:
-            self.line(
-                f"  - grant {grant['pack']} {grant['kind']}/{grant['key']}"
-                f"{_cred(grant['credential_set'])} [{_short(grant['install_id'])}]",
-                "red",
-            )
+            self.grant("-", grant)
         # Grants that only follow their pack to a new generation, one line per pack.
         rebound: dict[tuple[str, str, str], int] = {}
         for moved in found["grants_rebound"]:
@@ -131,6 +118,22 @@ class _Printer:
                 f"  > {count} {noun} of {pack} rebound [{_short(before)} -> {_short(after)}]",
                 "cyan",
             )
+
+    def fact(self, sign: str, fact: Any) -> None:
+        """One fact added (``+``, green) or removed (``-``, red), with its payload."""
+        self.line(
+            f"  {sign} fact {fact['pack']} {fact['kind']}/{fact['key']} "
+            f"[{_short(fact['install_id'])}] {_json(fact['payload'])}",
+            _COLOUR[sign],
+        )
+
+    def grant(self, sign: str, grant: Any) -> None:
+        """One grant added (``+``, green) or removed (``-``, red)."""
+        self.line(
+            f"  {sign} grant {grant['pack']} {grant['kind']}/{grant['key']}"
+            f"{_cred(grant['credential_set'])} [{_short(grant['install_id'])}]",
+            _COLOUR[sign],
+        )
 
     def activations(self, moves: list[ActivationMove]) -> None:
         if not moves:
