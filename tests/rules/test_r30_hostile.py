@@ -17,20 +17,18 @@ import pytest
 
 import ledger.commands.apply as apply_module
 from domain.errors import Conflict, InvalidInput, LedgerError
-from domain.matrix import Decision, decide
 from ledger.audit.verify import verify_log
 from ledger.commands.publish import PublishHandler
 from ledger.commands.publishing import read_catalog_in_force
 from ledger.commands.results import ApplyResult
 from ledger.commands.service import CommandService
-from ledger.commands.steps import LifecycleSteps
 from ledger.commands.unit_of_work import UnitOfWork
-from ledger.commands.writer_lease import WRITER_LEASE, LeaseHandle, read_lease
 from ledger.log.db import open_database
 from ledger.sources.resolve import resolve_packs
 from ledger.store.runtime import Ledger
 from tests.support.gitrepo import component, local, official, pack_json, push_closure
 from tests.support.lifecycle_support import World
+from tests.support.rogue import Rogue
 
 HOLDER = "r30-hostile"
 #: Audiences bound to a pack no release here changes (keeps releases under the reuse limit).
@@ -64,36 +62,9 @@ def racer(world: World) -> CommandService:
     )
 
 
-class Rogue:
-    """A writer that appends under a copy of the release's lease handle as the log has
-    it (the lease aggregate does not move: only the fences on what the release read can
-    stop it), through its own connection, unit of work and lifecycle steps."""
-
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.ledger = Ledger(open_database(world.url))
-        self.steps = LifecycleSteps(UnitOfWork(self.ledger))
-
-    def close(self) -> None:
-        self.ledger.close()
-
-    def handle(self) -> LeaseHandle:
-        lease, _ = read_lease(self.ledger)
-        assert lease is not None and lease.holder == HOLDER  # the release holds it
-        return LeaseHandle(WRITER_LEASE, lease.holder, lease.epoch, lease.version)
-
-    def advance(self, pack: str, version: int) -> None:
-        resolved = self.world.resolved(pack, self.world.commit(pack, version))
-        decision, command = decide(self.world.state(pack), resolved.target)
-        assert decision is Decision.ADVANCE and command is not None
-        handle = self.handle()
-        candidates = self.steps.prepare(handle, [(resolved, command)])
-        self.steps.activate(handle, candidates)
-
-
 @pytest.fixture
 def rogue(world: World) -> Iterator[Rogue]:
-    writer = Rogue(world)
+    writer = Rogue(world, HOLDER)
     yield writer
     writer.close()
 
