@@ -56,7 +56,7 @@ def test_bench_cli_runs_in_bench_all_with_each_peer_on_cached_bytecode(
     assert not any(k.startswith("CATALOG_LEDGER_") for k in (*cached, *as_given))
 
 
-def test_bench_apply_bounds_follow_issue_27() -> None:
+def test_r30_bench_apply_bounds_follow_issue_27() -> None:
     """The first release's bound is (N2 log N2)/(N1 log N1), 112 as issue 27 writes it
     for 250 -> 16000; a growth exponent is log(t2/t1)/log(N2/N1)."""
     from bench import apply as bench_apply
@@ -68,7 +68,7 @@ def test_bench_apply_bounds_follow_issue_27() -> None:
     assert abs(bench_apply.growth(2.0, 2.0, 250, 16000)) < 1e-9
 
 
-def test_bench_apply_prints_every_figure_and_bound_per_size_on_sqlite() -> None:
+def test_r30_bench_apply_prints_every_figure_and_bound_per_size_on_sqlite() -> None:
     """Issue 27.8: ``bench.apply --among`` measures, per N, the first release (with its
     peak RSS), the 1-pack release with its head-lock hold, the no-op re-apply (expected,
     not an error) and the manifest-parse peer, then the growth exponents and the four
