@@ -20,6 +20,7 @@ from ledger.log import tables as schema
 from ledger.log.db import Database, translate_errors
 from ledger.log.sqltypes import enc
 from ledger.store import contract, migrations
+from ledger.store.causal import causal_connection
 from ledger.store.metadata import all_metadata
 from ledger.store.runtime import Ledger
 from projections.registry import public_views
@@ -187,8 +188,8 @@ def server_version(db: Database, conn: sa.Connection) -> str:
 
 def require_schema(db: Database) -> None:
     """Fail with a clear message when ``init`` has not been run on this store."""
-    with translate_errors():
-        live = set(sa.inspect(db.engine).get_table_names())
+    with translate_errors(), causal_connection(db) as conn:
+        live = set(sa.inspect(conn).get_table_names())
         if not {schema.head.name, schema.events.name} & live:  # else: the contract names it
             raise InvalidInput(
                 "the database has no Catalog Ledger schema; run `catalog-ledger init` first",

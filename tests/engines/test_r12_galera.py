@@ -20,7 +20,7 @@ from domain.errors import LedgerError
 from ledger.api import open_store
 from tests.support.cli_inprocess import cli_json
 from tests.support.cluster_checks import node_report, one_winner_per_epoch, settle
-from tests.support.cluster_support import GaleraCluster
+from tests.support.cluster_support import GaleraCluster, admin
 from tests.support.gitrepo import Repo, manifest, official, push_closure, push_pack
 
 PACKS = ("alpha", "beta", "gamma")
@@ -126,3 +126,33 @@ def test_r12_writers_on_every_galera_node_at_once_never_see_unavailable(
     for report in reports:
         assert report.gapless and one_winner_per_epoch(report.epochs), report
         assert report.commands == reports[0].commands
+
+
+def test_r12_a_command_on_a_node_still_applying_init_waits_for_it(
+    galera_cluster: GaleraCluster,
+) -> None:
+    """Opening a store reads causally (``wsrep_sync_wait``): a command on a node that has
+    not yet applied ``init`` waits until it has, instead of finding no schema, or tables
+    without their version row (INTEGRITY "schema version: expected 3, found none": the
+    race CI lost once). The node is held behind deterministically: FLUSH TABLES WITH READ
+    LOCK pauses its applier (and desyncs it, so the cluster does not wait for it)."""
+    first, second = galera_cluster.nodes[0], galera_cluster.nodes[1]
+    galera_cluster.create_database(first.port, "cl_causal")
+    outcome: list[tuple[int, Any]] = []
+    with admin(second.port) as hold, hold.cursor() as cur:
+        cur.execute("FLUSH TABLES WITH READ LOCK")
+        try:
+            code, init = cli_json("--db", first.url("cl_causal"), "init")
+            assert (code, init["created"]) == (0, True), init
+            reader = threading.Thread(
+                target=lambda: outcome.append(cli_json("--db", second.url("cl_causal"), "status"))
+            )
+            reader.start()
+            reader.join(timeout=1.5)
+            assert reader.is_alive(), f"read the node before it applied init: {outcome}"
+        finally:
+            cur.execute("UNLOCK TABLES")
+    reader.join(timeout=60)
+    assert not reader.is_alive()
+    [(code, status)] = outcome
+    assert (code, status) == (0, {"head": 0, "packs": []})
