@@ -16,8 +16,11 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from domain.errors import Unavailable
 from ledger.log.db import Database
 
+#: MySQL's "lock wait timeout exceeded", which a causal read that timed out reports.
+_LOCK_WAIT_TIMEOUT = 1205
 #: ``wsrep_sync_wait`` bits: 1 waits before SELECT (and BEGIN), 8 before SHOW.
 _READ_AND_SHOW = 1 | 8
 
@@ -41,6 +44,7 @@ def causal_connection(db: Database) -> Iterator[Connection]:
         conn.rollback()  # a wait is skipped inside an open transaction: start a new one
         conn.exec_driver_sql(f"SET SESSION wsrep_sync_wait = {_READ_AND_SHOW}")
         try:
+            _catch_up(conn, db)
             yield conn
         finally:
             conn.rollback()
@@ -57,3 +61,24 @@ def _wsrep_sync_wait(conn: Connection) -> int | None:
     if row is None or str(row[0]) not in ("1", "ON"):
         return None
     return int(row[1])
+
+
+def _catch_up(conn: Connection, db: Database) -> None:
+    """Wait (one causal SELECT) until the node has applied what the cluster committed.
+
+    A node that cannot catch up within Galera's ``repl.causal_read_timeout`` (a node held
+    by a backup's lock, or far behind) is UNAVAILABLE, named as such: use another node.
+    """
+    try:
+        conn.exec_driver_sql("SELECT 1").scalar()
+    except sa.exc.DBAPIError as exc:
+        code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
+        if code != _LOCK_WAIT_TIMEOUT:
+            raise
+        raise Unavailable(
+            "this Galera node did not catch up with the cluster within its causal-read "
+            "timeout (repl.causal_read_timeout): it is behind or paused; retry, or use "
+            "another node",
+            url=db.display_url,
+            retryable=True,
+        ) from None

@@ -156,3 +156,24 @@ def test_r12_a_command_on_a_node_still_applying_init_waits_for_it(
     assert not reader.is_alive()
     [(code, status)] = outcome
     assert (code, status) == (0, {"head": 0, "packs": []})
+
+
+def test_r12_a_node_that_cannot_catch_up_within_the_causal_read_timeout_is_unavailable(
+    galera_cluster: GaleraCluster,
+) -> None:
+    """The causal wait is bounded by Galera's ``repl.causal_read_timeout``: past it the
+    command is UNAVAILABLE (exit 1) naming the node's lag, not a lock-wait CONFLICT."""
+    first, second = galera_cluster.nodes[0], galera_cluster.nodes[1]
+    galera_cluster.create_database(first.port, "cl_behind")
+    with admin(second.port) as hold, hold.cursor() as cur:
+        cur.execute("SET GLOBAL wsrep_provider_options = 'repl.causal_read_timeout=PT1S'")
+        cur.execute("FLUSH TABLES WITH READ LOCK")
+        try:
+            code, init = cli_json("--db", first.url("cl_behind"), "init")
+            assert (code, init["created"]) == (0, True), init
+            code, error = cli_json("--db", second.url("cl_behind"), "status")
+        finally:
+            cur.execute("UNLOCK TABLES")
+            cur.execute("SET GLOBAL wsrep_provider_options = 'repl.causal_read_timeout=PT30S'")
+    assert (code, error["error"], error["details"]["retryable"]) == (1, "UNAVAILABLE", True), error
+    assert "did not catch up with the cluster" in error["message"], error
