@@ -159,6 +159,7 @@ def admin(
         connect_timeout=3,
         read_timeout=60,
         write_timeout=60,
+        ssl_disabled=True,  # as bench.common.mysql_connect: no TLS context per connection
     )
 
 
