@@ -1,4 +1,4 @@
-"""Causal reads on a Galera node: see every write the cluster committed before the read.
+"""Causal reads on a Galera node: wait until it has applied what the cluster committed.
 
 Galera certifies a write set on every node at commit but applies it on the others a
 moment later, so a read on another node may not yet see it. Deciding writes never
@@ -6,56 +6,66 @@ needs to wait (a decision made on old state is fenced and made again), but the c
 every command makes on opening a store do: ``init`` through one node, then a command
 through another, must find the schema, not tables without their version row (which
 would read as an edited store) or no tables at all.
+
+``catch_up`` makes one causal read (``wsrep_sync_wait`` for that statement's session,
+set and restored around it): once it returns, the node has applied every write set the
+cluster committed before it, so every later read on that node, on any connection, sees
+them. Elsewhere (SQLite, MariaDB or MySQL without Galera) it costs one query or none.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from domain.errors import Unavailable
-from ledger.log.db import Database
+from ledger.log.db import Database, translate_errors
 
+#: MySQL's "unknown system variable": a server without Galera's variables.
+_UNKNOWN_VARIABLE = 1193
 #: MySQL's "lock wait timeout exceeded", which a causal read that timed out reports.
 _LOCK_WAIT_TIMEOUT = 1205
-#: ``wsrep_sync_wait`` bits: 1 waits before SELECT (and BEGIN), 8 before SHOW.
-_READ_AND_SHOW = 1 | 8
 
 
-@contextmanager
-def causal_connection(db: Database) -> Iterator[Connection]:
-    """A connection whose reads see every write the cluster committed before them.
+def catch_up(db: Database) -> None:
+    """Return once the node behind ``db`` has applied what the cluster committed before.
 
-    On a Galera node (``@@wsrep_on``) the schema check waits until the node has applied
-    the write sets certified before it (``wsrep_sync_wait`` READ and SHOW, for this check
-    only: the schema inspector reads with SHOW):
-    ``init`` through one node, then a command through another a moment later, must find
-    the schema, not tables whose version row is still on its way (which would read as an
-    edited store). Elsewhere (SQLite, MariaDB without Galera, MySQL) nothing changes.
+    A node that cannot catch up within Galera's ``repl.causal_read_timeout`` (held by a
+    backup's lock, or far behind) is UNAVAILABLE, named as such: retry, or use another
+    node.
     """
-    with db.engine.connect() as conn:
-        previous = None if db.is_sqlite else _wsrep_sync_wait(conn)
+    if db.is_sqlite:
+        return
+    with translate_errors(), db.engine.connect() as conn:
+        previous = _galera_sync_wait(conn)
         if previous is None:
-            yield conn
             return
-        conn.rollback()  # a wait is skipped inside an open transaction: start a new one
-        conn.exec_driver_sql(f"SET SESSION wsrep_sync_wait = {_READ_AND_SHOW}")
+        conn.rollback()  # a causal wait is skipped inside an open transaction
+        conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 1")
         try:
-            _catch_up(conn, db)
-            yield conn
+            conn.exec_driver_sql("SELECT 1").scalar()
+        except sa.exc.DBAPIError as exc:
+            if _errno(exc) != _LOCK_WAIT_TIMEOUT:
+                raise
+            raise Unavailable(
+                "this Galera node did not catch up with the cluster within its causal-read "
+                "timeout (repl.causal_read_timeout): it is behind or paused; retry, or use "
+                "another node",
+                url=db.display_url,
+                retryable=True,
+            ) from None
         finally:
             conn.rollback()
-            conn.exec_driver_sql(f"SET SESSION wsrep_sync_wait = {int(previous)}")
+            conn.exec_driver_sql(f"SET SESSION wsrep_sync_wait = {previous}")
 
 
-def _wsrep_sync_wait(conn: Connection) -> int | None:
-    """This session's ``wsrep_sync_wait`` on a Galera node, else ``None``."""
+def _galera_sync_wait(conn: Connection) -> int | None:
+    """This session's ``wsrep_sync_wait`` on a Galera node (``@@wsrep_on``), else ``None``."""
     try:
         row = conn.exec_driver_sql("SELECT @@wsrep_on, @@wsrep_sync_wait").first()
-    except sa.exc.DBAPIError:  # not MariaDB/Galera: no such variables
+    except sa.exc.DBAPIError as exc:
+        if _errno(exc) != _UNKNOWN_VARIABLE:  # a lost connection is not "not Galera"
+            raise
         conn.rollback()
         return None
     if row is None or str(row[0]) not in ("1", "ON"):
@@ -63,22 +73,6 @@ def _wsrep_sync_wait(conn: Connection) -> int | None:
     return int(row[1])
 
 
-def _catch_up(conn: Connection, db: Database) -> None:
-    """Wait (one causal SELECT) until the node has applied what the cluster committed.
-
-    A node that cannot catch up within Galera's ``repl.causal_read_timeout`` (a node held
-    by a backup's lock, or far behind) is UNAVAILABLE, named as such: use another node.
-    """
-    try:
-        conn.exec_driver_sql("SELECT 1").scalar()
-    except sa.exc.DBAPIError as exc:
-        code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
-        if code != _LOCK_WAIT_TIMEOUT:
-            raise
-        raise Unavailable(
-            "this Galera node did not catch up with the cluster within its causal-read "
-            "timeout (repl.causal_read_timeout): it is behind or paused; retry, or use "
-            "another node",
-            url=db.display_url,
-            retryable=True,
-        ) from None
+def _errno(exc: sa.exc.DBAPIError) -> object:
+    args = getattr(exc.orig, "args", ())
+    return args[0] if args else None

@@ -33,7 +33,7 @@ from ledger.log import tables as log_tables
 from ledger.log.db import Database, translate_errors
 from ledger.store import head as head_row
 from ledger.store import migrations
-from ledger.store.causal import causal_connection
+from ledger.store.causal import catch_up
 from ledger.store.metadata import all_metadata
 from ledger.store.migrations import migration_lock
 
@@ -375,7 +375,8 @@ def _head_readable(found: list[Difference], live_tables: set[str]) -> bool:
 
 def check(db: Database) -> list[Difference]:
     """The differences of the store at ``db`` (one inspection, a few ms)."""
-    with translate_errors(), causal_connection(db) as conn:
+    catch_up(db)  # a Galera node shows what the cluster committed before this check
+    with translate_errors(), db.engine.connect() as conn:
         return differences(conn, db.dialect)
 
 
@@ -389,7 +390,7 @@ def require(db: Database, *, allow_older: bool = False) -> None:
     found = check(db)
     unsafe = [d for d in found if not d.safe and not d.migration]
     if not unsafe and not allow_older and any(d.migration for d in found):
-        with translate_errors(), causal_connection(db) as conn:
+        with translate_errors(), db.engine.connect() as conn:
             migrations.require_current(*migrations.read_version(conn))
     if unsafe:
         first = unsafe[0]

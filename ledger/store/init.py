@@ -20,7 +20,7 @@ from ledger.log import tables as schema
 from ledger.log.db import Database, translate_errors
 from ledger.log.sqltypes import enc
 from ledger.store import contract, migrations
-from ledger.store.causal import causal_connection
+from ledger.store.causal import catch_up
 from ledger.store.metadata import all_metadata
 from ledger.store.runtime import Ledger
 from projections.registry import public_views
@@ -76,6 +76,7 @@ class StoreInfo:
 
 def init_store(db: Database) -> StoreInfo:
     """Create the schema if missing (idempotent) and report engine and version."""
+    catch_up(db)  # on a Galera node: decide on what the cluster has, not on a lagging copy
     with translate_errors():
         live = set(sa.inspect(db.engine).get_table_names())
         existed = bool({schema.head.name, schema.events.name} & live)
@@ -188,8 +189,9 @@ def server_version(db: Database, conn: sa.Connection) -> str:
 
 def require_schema(db: Database) -> None:
     """Fail with a clear message when ``init`` has not been run on this store."""
-    with translate_errors(), causal_connection(db) as conn:
-        live = set(sa.inspect(conn).get_table_names())
+    catch_up(db)  # a Galera node shows what the cluster committed before this check
+    with translate_errors():
+        live = set(sa.inspect(db.engine).get_table_names())
         if not {schema.head.name, schema.events.name} & live:  # else: the contract names it
             raise InvalidInput(
                 "the database has no Catalog Ledger schema; run `catalog-ledger init` first",

@@ -10,7 +10,9 @@ re-decided inside ``apply``: never UNAVAILABLE, never an internal error (R10-R12
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -148,14 +150,25 @@ def test_r12_a_command_on_a_node_still_applying_init_waits_for_it(
                 target=lambda: outcome.append(cli_json("--db", second.url("cl_causal"), "status"))
             )
             reader.start()
-            reader.join(timeout=1.5)
-            assert reader.is_alive(), f"read the node before it applied init: {outcome}"
+            _wait_for_causal_read(cur, reader)  # the command is waiting in its causal read
+            assert outcome == []
         finally:
             cur.execute("UNLOCK TABLES")
     reader.join(timeout=60)
     assert not reader.is_alive()
     [(code, status)] = outcome
     assert (code, status) == (0, {"head": 0, "packs": []})
+
+
+def _wait_for_causal_read(cur: Any, reader: threading.Thread) -> None:
+    """Until the node's process list shows the causal read (``SELECT 1``) waiting."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and reader.is_alive():
+        cur.execute("SELECT COUNT(*) FROM information_schema.processlist WHERE info = 'SELECT 1'")
+        if cur.fetchone()[0]:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the command never waited in a causal read on the lagging node")
 
 
 def test_r12_a_node_that_cannot_catch_up_within_the_causal_read_timeout_is_unavailable(
@@ -166,6 +179,10 @@ def test_r12_a_node_that_cannot_catch_up_within_the_causal_read_timeout_is_unava
     first, second = galera_cluster.nodes[0], galera_cluster.nodes[1]
     galera_cluster.create_database(first.port, "cl_behind")
     with admin(second.port) as hold, hold.cursor() as cur:
+        cur.execute("SELECT @@wsrep_provider_options")
+        options = str(cur.fetchone()[0])
+        before = re.search(r"repl\.causal_read_timeout = (\S+?);", options)
+        assert before is not None, options
         cur.execute("SET GLOBAL wsrep_provider_options = 'repl.causal_read_timeout=PT1S'")
         cur.execute("FLUSH TABLES WITH READ LOCK")
         try:
@@ -174,6 +191,9 @@ def test_r12_a_node_that_cannot_catch_up_within_the_causal_read_timeout_is_unava
             code, error = cli_json("--db", second.url("cl_behind"), "status")
         finally:
             cur.execute("UNLOCK TABLES")
-            cur.execute("SET GLOBAL wsrep_provider_options = 'repl.causal_read_timeout=PT30S'")
+            cur.execute(
+                "SET GLOBAL wsrep_provider_options = %s",
+                (f"repl.causal_read_timeout={before.group(1)}",),
+            )
     assert (code, error["error"], error["details"]["retryable"]) == (1, "UNAVAILABLE", True), error
     assert "did not catch up with the cluster" in error["message"], error
