@@ -466,19 +466,16 @@ class Store:
         policy's witnesses (C2SP tlog-witness, or ``add_checkpoint``) and stored
         (``ledger.audit.cosign``); UNAVAILABLE for one ``threshold`` did not cosign."""
         import time
+        from contextlib import nullcontext
 
         from ledger.audit import operations as audit_operations
+        from ledger.witness.submit import submitter
 
-        if add_checkpoint is None:
-            from ledger.witness.submit import add_checkpoint as submit
-
-            def add_checkpoint(url: str, note: str, old: int, proof: Sequence[bytes]) -> list[str]:
-                return submit(url, note, old, proof)
-
-        return audit_operations.cosign(
-            self.ledger, sign=sign, policy=policy, add_checkpoint=add_checkpoint,
-            clock=clock or time.time,
-        )  # fmt: skip
+        with nullcontext(add_checkpoint) if add_checkpoint else submitter() as submit:
+            return audit_operations.cosign(
+                self.ledger, sign=sign, policy=policy, add_checkpoint=submit,
+                clock=clock or time.time,
+            )  # fmt: skip
 
     def origin(
         self, *, name: bool = False, origin: str | None = None, new: bool = False

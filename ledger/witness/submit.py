@@ -13,7 +13,8 @@ unknown log); network failures, timeouts and 5xx UNAVAILABLE (try again later).
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import httpx
 
@@ -39,6 +40,20 @@ class SizeConflict(errors.Conflict):
             known_size=known_size,
         )
         self.known_size = known_size
+
+
+@contextmanager
+def submitter(
+    timeout: float = 10.0,
+) -> Iterator[Callable[[str, str, int, Sequence[bytes]], list[str]]]:
+    """``add_checkpoint`` for one collector run: one HTTP client for every witness and
+    checkpoint of the run (one TLS context, connections kept), closed after it."""
+    with httpx.Client(timeout=timeout) as client:
+
+        def submit(url: str, note: str, old_size: int, proof: Sequence[bytes]) -> list[str]:
+            return add_checkpoint(url, note, old_size, proof, timeout=timeout, client=client)
+
+        yield submit
 
 
 def request_body(note: str, old_size: int, proof: Sequence[bytes]) -> bytes:
