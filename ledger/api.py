@@ -471,7 +471,7 @@ class Store:
         from ledger.audit import operations as audit_operations
         from ledger.witness.submit import submitter
 
-        with nullcontext(add_checkpoint) if add_checkpoint else submitter() as submit:
+        with submitter() if add_checkpoint is None else nullcontext(add_checkpoint) as submit:
             return audit_operations.cosign(
                 self.ledger, sign=sign, policy=policy, add_checkpoint=submit,
                 clock=clock or time.time,

@@ -25,8 +25,8 @@
 
 Re-running it with an unchanged catalog re-cosigns the same size: the witnesses' fresh
 timestamps are what a client's freshness rests on. The witnesses are reached through an
-``AddCheckpoint`` callable (``ledger.witness.submit.add_checkpoint``, which the API
-passes).
+``AddCheckpoint`` callable (``ledger.witness.submit.add_checkpoint`` over one HTTP
+client per run, which the API passes: ``submitter``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from ledger.store.runtime import Ledger
 LOG = logging.getLogger("catalog_ledger.cosign")
 
 #: ``add_checkpoint(url, signed_note, old_size, consistency_proof)`` -> the witness's
-#: cosignature lines (C2SP tlog-witness; ``ledger.witness.submit.add_checkpoint``).
+#: cosignature lines (C2SP tlog-witness; ``ledger.witness.submit.submitter``).
 #: Raises ``Conflict`` with ``details["known_size"]`` on 409, and a ``LedgerError`` (or
 #: ``OSError``) on any other failure.
 AddCheckpoint = Callable[[str, str, int, Sequence[bytes]], Sequence[str]]

@@ -183,9 +183,9 @@ def test_r12_a_node_that_cannot_catch_up_within_the_causal_read_timeout_is_unava
         options = str(cur.fetchone()[0])
         before = re.search(r"repl\.causal_read_timeout = (\S+?);", options)
         assert before is not None, options
-        cur.execute("SET GLOBAL wsrep_provider_options = 'repl.causal_read_timeout=PT1S'")
-        cur.execute("FLUSH TABLES WITH READ LOCK")
         try:
+            cur.execute("SET GLOBAL wsrep_provider_options = 'repl.causal_read_timeout=PT1S'")
+            cur.execute("FLUSH TABLES WITH READ LOCK")
             code, init = cli_json("--db", first.url("cl_behind"), "init")
             assert (code, init["created"]) == (0, True), init
             code, error = cli_json("--db", second.url("cl_behind"), "status")

@@ -398,13 +398,14 @@ def _refill_database(server: Server, source: str, target: str) -> None:
             cur.execute(f"SHOW FULL TABLES FROM `{src}`")
             tables = sorted(name for name, kind in cur.fetchall() if kind == "BASE TABLE")
 
-            def checksums(db: str) -> list[Any]:
+            def checksums(db: str) -> dict[str, Any]:
                 cur.execute("CHECKSUM TABLE " + ", ".join(f"`{db}`.`{t}`" for t in tables))
-                return [checksum for _, checksum in cur.fetchall()]
+                return {str(name).split(".", 1)[1]: checksum for name, checksum in cur.fetchall()}
 
             want = checksums(src)
-            for name, base_sum, copy_sum in zip(tables, want, checksums(dst), strict=True):
-                if base_sum is None or base_sum != copy_sum:
+            have = checksums(dst)
+            for name in tables:
+                if want[name] is None or want[name] != have.get(name):
                     cur.execute(f"DELETE FROM `{dst}`.`{name}`")
                     cur.execute(f"INSERT INTO `{dst}`.`{name}` SELECT * FROM `{src}`.`{name}`")
             conn.commit()
