@@ -10,7 +10,6 @@ the same digests, roots, proofs and notes, so the two cannot drift apart unseen.
 
 from __future__ import annotations
 
-import ast
 import base64
 import copy
 import json
@@ -20,7 +19,12 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.test_r23_log_format import export_lines, realistic
+from tests.conformance.test_r23_log_format import (
+    SPEC_ONLY,
+    export_lines,
+    realistic,
+    reference_imports,
+)
 from tests.support import reference_audience_map as amap
 from tests.support import reference_bundle as rb
 from tests.support import reference_catalog_log as catalog_log
@@ -495,21 +499,6 @@ def test_r29_the_project_computes_what_the_reference_builder_does() -> None:
     assert (checkpoint.origin, checkpoint.size, checkpoint.root) == (rb.ORIGIN, 3, MAIN.root(3))
 
 
-SPEC_ONLY = {
-    "__future__",
-    "base64",
-    "hashlib",
-    "json",
-    "struct",
-    "uuid",
-    "collections",
-    "dataclasses",
-    "typing",
-    "blake3",
-    "cryptography",
-}
-
-
 #: Each reference module -> the other spec-only references it may read.
 REFERENCES = {
     "reference_verifier": {"reference_audience_map"},
@@ -521,16 +510,7 @@ REFERENCES = {
 
 @pytest.mark.parametrize("module", sorted(REFERENCES))
 def test_r29_the_reference_modules_import_no_project_code(module: str) -> None:
-    tree = ast.parse((ROOT / "tests" / "support" / f"{module}.py").read_text(encoding="utf-8"))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            imported |= {
-                f"{node.module}.{a.name}" if node.module == "tests.support" else str(node.module)
-                for a in node.names
-            }
+    imported = reference_imports(module)
     assert {m.split(".")[0] for m in imported} - {"tests"} <= SPEC_ONLY, imported
     references = {m.removeprefix("tests.support.") for m in imported if m.startswith("tests")}
     assert references == REFERENCES[module]
